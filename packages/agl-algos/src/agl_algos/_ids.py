@@ -1,0 +1,61 @@
+"""Vectorised grouping of row ids (rollout ids, GRPO uids) into integer codes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+IdArray = Sequence[Any] | npt.NDArray[Any] | torch.Tensor
+"""One id per row: a list, a 1-D numpy array (object, str or int) or a 1-D integer tensor."""
+
+
+@dataclass(frozen=True, slots=True)
+class Factorized:
+    """Ids mapped to codes ``0..K-1`` numbered in order of first appearance.
+
+    ``codes`` (N,) int64: the code of each row. ``first_rows`` (K,) int64, ascending: the row where
+    each id first appears. ``values`` (K,): the ids themselves, in code order.
+    """
+
+    codes: npt.NDArray[np.int64]
+    first_rows: npt.NDArray[np.int64]
+    values: npt.NDArray[Any]
+
+    @property
+    def n_unique(self) -> int:
+        return int(self.first_rows.shape[0])
+
+
+def as_id_array(ids: IdArray, *, name: str) -> npt.NDArray[Any]:
+    """Return ``ids`` as a 1-D numpy array without copying a numpy input."""
+    array = ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (one id per row), got shape {array.shape}")
+    return array
+
+
+def factorize(ids: IdArray, *, name: str) -> Factorized:
+    """Group equal ids with one sort (no Python loop over rows)."""
+    array = as_id_array(ids, name=name)
+    if array.shape[0] == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Factorized(codes=empty, first_rows=empty, values=array)
+    try:
+        uniques, first, inverse = np.unique(array, return_index=True, return_inverse=True)
+    except TypeError as error:
+        raise ValueError(
+            f"{name} must hold ids of one comparable type (all str or all int), got {error}"
+        ) from error
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return Factorized(
+        codes=rank[inverse.reshape(-1)].astype(np.int64, copy=False),
+        first_rows=first[order].astype(np.int64, copy=False),
+        values=uniques[order],
+    )

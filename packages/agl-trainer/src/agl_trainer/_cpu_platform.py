@@ -1,0 +1,231 @@
+"""The CPU mode of agl-trainer (``trainer.device=cpu``): verl's FSDP workers on plain CPUs.
+
+Why this module exists: verl 0.9 ships no CPU platform. Stock verl assumes an accelerator and dies
+with "Distributed package doesn't have NCCL built in" on a CPU-only machine. Its FSDP engine itself
+runs fine on CPU, so this module supplies the three missing pieces, and nothing else:
+
+1. a ``PlatformBase`` for CPU, registered in verl's platform plugin registry
+   (``verl.plugin.platform``) and made the current platform;
+2. verl's FSDP engine classes registered for device ``"cpu"`` in verl's engine registry (they are
+   registered for ``cuda`` and ``npu`` only);
+3. worker classes that start the gloo process group before verl does: verl builds its backend
+   string as ``"cpu:gloo,<device>:<backend>"``, which torch rejects when the device is ``cpu``.
+
+Everything here runs both in the driver and, through :func:`agl_trainer.workers.setup_worker_process`
+(the Ray worker setup hook), in every Ray worker. All of it is idempotent.
+"""
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed
+from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, set_platform
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+__all__ = (
+    "CPU_PLATFORM_NAME",
+    "CpuActorRolloutRefWorker",
+    "CpuTrainingWorker",
+    "PlatformCPU",
+    "enable_cpu_platform",
+    "register_cpu_engines",
+)
+
+CPU_PLATFORM_NAME = "cpu"
+"""Name of the platform in verl's registry and the value of ``VERL_PLATFORM`` that selects it."""
+
+
+def _zero(*_args: Any, **_kwargs: Any) -> int:
+    return 0
+
+
+def _noop(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _mem_get_info(*_args: Any, **_kwargs: Any) -> tuple[int, int]:
+    memory = psutil.virtual_memory()
+    return memory.available, memory.total
+
+
+def _build_device_module() -> ModuleType:
+    """``torch.cpu`` plus the ``torch.cuda``-style calls verl makes on its device module.
+
+    verl calls ``empty_cache``, ``mem_get_info``, ``max_memory_allocated``, ``get_rng_state`` and
+    similar on ``get_torch_device()``; ``torch.cpu`` lacks them. Memory statistics read 0, RNG state
+    is torch's global CPU generator.
+    """
+    module = ModuleType("agl_trainer_cpu_device")
+    for name in dir(torch.cpu):
+        if not name.startswith("__"):
+            setattr(module, name, getattr(torch.cpu, name))
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"):
+        setattr(module, name, _zero)
+    for name in ("empty_cache", "ipc_collect", "set_per_process_memory_fraction", "reset_peak_memory_stats"):
+        setattr(module, name, _noop)
+    module.mem_get_info = _mem_get_info
+    module.get_rng_state = torch.get_rng_state
+    module.set_rng_state = torch.set_rng_state
+    module.manual_seed = torch.manual_seed
+    module.manual_seed_all = torch.manual_seed
+    module.get_device_name = lambda *_args: "cpu"
+    return module
+
+
+_DEVICE_MODULE = _build_device_module()
+
+
+class PlatformCPU(PlatformBase):
+    """verl platform for plain CPUs: device ``cpu``, gloo collectives, no Ray accelerator resource.
+
+    ``is_platform_available`` is False so verl's auto-detection never picks it; it is only used
+    when selected explicitly (:func:`enable_cpu_platform` or ``VERL_PLATFORM=cpu``).
+    """
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self) -> ModuleType:
+        return _DEVICE_MODULE
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        return False
+
+    def current_device(self) -> int:
+        return 0
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index: int) -> None:
+        return None
+
+    def synchronize(self, device_index: int | None = None) -> None:
+        return None
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        # Ray never sets this for CPU-only actors; verl only reads it.
+        return "AGL_CPU_VISIBLE_DEVICES"
+
+    @contextmanager
+    def nvtx_range(self, msg: str) -> Iterator[None]:
+        yield
+
+    def profiler_start(self) -> None:
+        return None
+
+    def profiler_stop(self) -> None:
+        return None
+
+    def ray_resource_name(self) -> str:
+        return "CPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        # Worker pools are built with use_gpu=False in CPU mode; ask Ray for no accelerator anyway.
+        return {}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return []
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def cudart(self) -> Any:
+        return None
+
+
+def enable_cpu_platform() -> None:
+    """Register :class:`PlatformCPU` in verl and make it the current platform (idempotent).
+
+    Also sets ``VERL_PLATFORM=cpu`` so that processes started from this one pick it as well.
+    Must run before verl modules that read the device at import time (e.g. its FSDP engine) are
+    imported; the Ray worker setup hook guarantees that inside workers.
+    """
+    os.environ["VERL_PLATFORM"] = CPU_PLATFORM_NAME
+    if PlatformRegistry.get(CPU_PLATFORM_NAME) is not PlatformCPU:
+        PlatformRegistry.register(platform=CPU_PLATFORM_NAME)(PlatformCPU)
+    if not isinstance(get_platform(), PlatformCPU):
+        set_platform(PlatformCPU())
+
+
+def register_cpu_engines() -> None:
+    """Register verl's FSDP engines (LM head and value head) for device ``cpu`` (idempotent)."""
+    from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
+
+    for model_type, engine_cls in (
+        ("language_model", FSDPEngineWithLMHead),
+        ("value_model", FSDPEngineWithValueHead),
+    ):
+        for backend in ("fsdp", "fsdp2"):
+            by_device = EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {})
+            by_device.setdefault(CPU_PLATFORM_NAME, engine_cls)
+
+
+def _init_gloo_process_group() -> None:
+    """Start the default process group with gloo alone, from the env vars verl's worker group sets."""
+    enable_cpu_platform()
+    register_cpu_engines()
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend="gloo",
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timedelta(seconds=int(os.environ.get("AGL_GLOO_TIMEOUT_S", "1800"))),
+        )
+
+
+class CpuActorRolloutRefWorker(ActorRolloutRefWorker):
+    """verl's actor/ref worker for the CPU mode: gloo is started before verl's ``init_model``.
+
+    Use it with role ``"actor"`` or ``"ref"`` only: the CPU mode has no rollout engine.
+    """
+
+    def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
+        if role not in ("actor", "ref"):
+            raise ValueError(
+                f"role={role!r} is not supported in the CPU mode (no rollout engine on CPU); use 'actor' or 'ref'."
+            )
+        _init_gloo_process_group()
+        super().__init__(config, role, **kwargs)
+
+
+class CpuTrainingWorker(TrainingWorker):
+    """verl's training worker (used for the critic) with gloo started first."""
+
+    def __init__(self, config: Any) -> None:
+        _init_gloo_process_group()
+        super().__init__(config)

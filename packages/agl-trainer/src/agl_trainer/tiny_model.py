@@ -1,0 +1,176 @@
+"""A tiny randomly initialised Qwen2 model with its own byte-level BPE tokenizer, built offline.
+
+Tests, the CPU mode and the examples need a real Hugging Face model folder that verl, vLLM and
+transformers all load, without downloading anything. This module trains a small byte-level BPE
+tokenizer on a built-in corpus and saves it with a randomly initialised ``Qwen2ForCausalLM``.
+
+The model keeps its input and output embeddings untied: vLLM on CPU reloads tied embeddings
+wrongly after a weight push, so a tied tiny model would hide or fake weight-sync bugs.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+__all__ = ("TINY_MODEL_SPECIAL_TOKENS", "build_tiny_model")
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TINY_MODEL_SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+
+_META_FILE = "agl_tiny_model.json"
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", _META_FILE)
+
+# Qwen2-style chat template: each message is wrapped in <|im_start|>role ... <|im_end|>.
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = (
+    "What is two plus three? Two plus three is five.",
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Count from one to ten: one, two, three, four, five, six, seven, eight, nine, ten.",
+    "def add(a, b):\n    return a + b\n",
+    "The agent calls a tool, reads the observation and answers the question.",
+    "Reward is one when the answer is correct and zero otherwise.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 42 100 1000.",
+    "user: hello\nassistant: Hello! How can I help you today?",
+    "Please think step by step, then give the final answer in a box.",
+    "The quick brown fox jumps over the lazy dog.",
+)
+
+
+def build_tiny_model(
+    path: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    vocab_size: int = 512,
+    hidden_size: int = 128,
+    num_layers: int = 2,
+) -> Path:
+    """Build (or reuse) a tiny Qwen2 model folder at ``path`` and return it.
+
+    The folder holds a ``PreTrainedTokenizerFast`` (byte-level BPE, chat template, pad token
+    ``<|endoftext|>``, eos token ``<|im_end|>``) and a randomly initialised fp32
+    ``Qwen2ForCausalLM`` with untied embeddings, both saved with ``save_pretrained``. The same
+    arguments always give the same tokenizer and the same weights.
+
+    The folder is written to a temporary sibling and renamed into place, so a folder at ``path``
+    is always complete; an existing complete folder built with the same arguments is reused.
+
+    Raises:
+        ValueError: an argument is out of range, or ``path`` holds a tiny model built with
+            other arguments.
+        FileExistsError: ``path`` exists but is not a tiny model folder.
+    """
+    target = Path(path)
+    params = _validated_params(
+        seed=seed, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers
+    )
+    if target.exists():
+        return _reuse(target, params)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _write_model(staging, params)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process finished the same folder first; its copy is as good as ours.
+            if not target.exists():
+                raise
+            return _reuse(target, params)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _validated_params(*, seed: int, vocab_size: int, hidden_size: int, num_layers: int) -> dict[str, int]:
+    min_vocab = 256 + len(TINY_MODEL_SPECIAL_TOKENS)
+    if vocab_size < min_vocab:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small: the byte alphabet and special tokens need {min_vocab}; "
+            f"pass vocab_size >= {min_vocab}."
+        )
+    if hidden_size <= 0 or hidden_size % 32 != 0:
+        raise ValueError(f"hidden_size={hidden_size} must be a positive multiple of 32 (4 heads of 8+ dims).")
+    if num_layers <= 0:
+        raise ValueError(f"num_layers={num_layers} must be positive.")
+    return {"seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size, "num_layers": num_layers}
+
+
+def _reuse(target: Path, params: dict[str, int]) -> Path:
+    missing = [name for name in _REQUIRED_FILES if not (target / name).is_file()]
+    if missing:
+        raise FileExistsError(
+            f"path={str(target)!r} exists but is not a tiny model folder (missing {missing}); "
+            "remove it or pass another path."
+        )
+    found = json.loads((target / _META_FILE).read_text())
+    if found != params:
+        raise ValueError(
+            f"path={str(target)!r} holds a tiny model built with {found}, not {params}; "
+            "remove it or pass another path."
+        )
+    return target
+
+
+def _write_model(folder: Path, params: dict[str, int]) -> None:
+    tokenizer = _train_tokenizer(params["vocab_size"])
+    tokenizer.save_pretrained(folder)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=params["hidden_size"],
+        intermediate_size=2 * params["hidden_size"],
+        num_hidden_layers=params["num_layers"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        attn_implementation="sdpa",
+        dtype="float32",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(params["seed"])
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(folder)
+    (folder / _META_FILE).write_text(json.dumps(params, sort_keys=True))
+
+
+def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE on the built-in corpus; deterministic for a given ``vocab_size``."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(TINY_MODEL_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token=PAD_TOKEN,
+        eos_token=IM_END,
+        additional_special_tokens=[IM_START],
+        chat_template=_CHAT_TEMPLATE,
+        model_max_length=2048,
+        padding_side="left",
+    )

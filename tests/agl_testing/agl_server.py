@@ -1,0 +1,136 @@
+"""Pytest fixtures that run the real execution-side server, ``agl-server``, on loopback.
+
+The server lives in its own tool environment (it declares Python >= 3.12 and pins its
+own web stack); ``scripts/test`` prepares it. This module installs nothing: it finds the
+``agl-server`` executable, starts it on a free loopback port, waits for ``/healthz`` and
+stops it afterwards. Standard library only, so it works in every package's own venv.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+TEST_KEY = "agl-test-key"
+TEST_MODEL_NAME = "agl-test-model"
+_STARTUP_TIMEOUT_S = 60.0
+
+
+def find_agl_server() -> Path:
+    """The ``agl-server`` executable: ``$AGL_SERVER_BIN``, the cached tool env, or ``PATH``."""
+    explicit = os.environ.get("AGL_SERVER_BIN")
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("AGL_CACHE_DIR", Path.home() / ".cache" / "agl"))
+    cached = cache / "envs" / "agl-server" / "bin" / "agl-server"
+    if cached.exists():
+        return cached
+    on_path = shutil.which("agl-server")
+    if on_path:
+        return Path(on_path)
+    raise RuntimeError(
+        "agl-server not found: run `bash scripts/test` (it prepares the server's tool environment "
+        f"in {cache / 'envs' / 'agl-server'}) or set AGL_SERVER_BIN"
+    )
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class AglServerProcess:
+    """A running ``agl-server`` child process bound to 127.0.0.1."""
+
+    key: str = TEST_KEY
+    model_name: str = TEST_MODEL_NAME
+    port: int = field(default_factory=free_loopback_port)
+    _proc: subprocess.Popen[bytes] | None = None
+    _workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="agl-server-")))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self._workdir / "server.log"
+
+    def start(self) -> None:
+        args = [
+            str(find_agl_server()),
+            "host=127.0.0.1",
+            f"port={self.port}",
+            f"key={self.key}",
+            f"default_proxy.model_name={self.model_name}",
+        ]
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(args, cwd=self._workdir, stdout=log, stderr=subprocess.STDOUT)
+        self._wait_healthy()
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Stop and start again on the same port: the in-memory store comes back empty."""
+        self.stop()
+        self.start()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"agl-server exited with {self._proc.returncode}:\n{self._log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"agl-server not healthy after {_STARTUP_TIMEOUT_S:.0f} s:\n{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def agl_server() -> Iterator[AglServerProcess]:
+    """One real server for the whole session; tests use their own rollout ids."""
+    server = AglServerProcess()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fresh_agl_server() -> Iterator[AglServerProcess]:
+    """A real server of the test's own, for tests that assert on the whole store."""
+    server = AglServerProcess()
+    server.start()
+    yield server
+    server.stop()
