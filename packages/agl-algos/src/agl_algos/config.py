@@ -58,7 +58,7 @@ class PolicyLossConfig:
                 f"clip_ratio_c must be greater than 1.0, got {self.clip_ratio_c!r}; "
                 "the dual clip bounds the loss of a negative advantage at clip_ratio_c*|A| (verl default 3.0)"
             )
-        if isinstance(self.dp_size, bool) or not isinstance(self.dp_size, int) or self.dp_size < 1:
+        if type(self.dp_size) is not int or self.dp_size < 1:
             raise ValueError(f"dp_size must be an integer >= 1, got {self.dp_size!r}")
 
     @property

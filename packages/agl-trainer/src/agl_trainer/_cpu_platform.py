@@ -106,8 +106,9 @@ class PlatformCPU(PlatformBase):
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
         return False
 
-    def current_device(self) -> int:
-        return 0
+    def current_device(self) -> Any:
+        # verl moves tensors with ``.to(get_device_id())``; an int would mean ``cuda:<int>``.
+        return torch.device("cpu")
 
     def device_count(self) -> int:
         return 1

@@ -1,0 +1,21 @@
+"""Exceptions of the local stack; each message names what failed, the value and the fix."""
+
+
+class LocalStackError(RuntimeError):
+    """Base class of every failure of the local (no-argument) training stack."""
+
+
+class ProvisionError(LocalStackError):
+    """A tool environment (agl-server or vLLM) could not be created or is broken."""
+
+
+class ProcessStartError(LocalStackError):
+    """A child server exited or did not become healthy in time; the message holds its log tail."""
+
+
+class WeightPushError(LocalStackError):
+    """vLLM did not reload the pushed weights, or serves different weights than expected."""
+
+
+class ServerApiError(LocalStackError):
+    """agl-server answered a request of the local runner with an unexpected status."""

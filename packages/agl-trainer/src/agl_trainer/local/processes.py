@@ -1,0 +1,171 @@
+"""Child servers: free loopback ports, start in a process group, wait until healthy, stop.
+
+Every child runs in its own session (process group), so stopping it also stops what it spawned
+(vLLM's engine core). ``stop`` sends SIGTERM to the group, waits a grace period, then SIGKILL.
+Children still alive when the interpreter exits are stopped by an ``atexit`` hook, and on Linux
+each child also gets SIGTERM if the thread that started it dies (``PR_SET_PDEATHSIG``), so a
+killed trainer leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from agl_trainer.local.errors import ProcessStartError
+
+LOOPBACK = "127.0.0.1"
+_PR_SET_PDEATHSIG = 1
+_live: set[ChildProcess] = set()
+_live_lock = threading.Lock()
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port on ``host`` that nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit`` in the main thread, so ``with`` blocks stop the children."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(128 + signal.SIGTERM))
+
+
+class ChildProcess:
+    """One server process, its log file and its lifecycle."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.cwd = cwd
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> ChildProcess:
+        """Spawn the process in a new session with stdout and stderr going to ``log_path``."""
+        if self._process is not None:
+            raise RuntimeError(f"{self.name} was already started (pid {self._process.pid})")
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._process = subprocess.Popen(
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        with _live_lock:
+            _live.add(self)
+        return self
+
+    def wait_healthy(self, url: str, timeout: float, interval: float = 0.5) -> None:
+        """Poll ``GET url`` until it answers 200; fail fast if the process exits first."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self._process.poll() if self._process is not None else None
+                if code is not None:
+                    raise ProcessStartError(
+                        f"{self.name} exited with code {code} before {url} answered; "
+                        f"last lines of {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get(url).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise ProcessStartError(
+                        f"{self.name} did not answer 200 on {url} within {timeout:.0f} s "
+                        f"(fix: raise the start timeout, or read {self.log_path}); last lines:\n{self.log_tail()}"
+                    )
+                time.sleep(interval)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the child's log (empty if none yet)."""
+        if not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace: float = 10.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``grace`` seconds; idempotent.
+
+        Returns the exit code, or None if the process was never started.
+        """
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait()
+        # The leader may be gone while grandchildren of its group linger.
+        _signal_group(process.pid, signal.SIGKILL)
+        with _live_lock:
+            _live.discard(self)
+        return process.returncode
+
+    def __enter__(self) -> ChildProcess:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _live_lock:
+        children = list(_live)
+    for child in children:
+        child.stop(grace=5.0)
