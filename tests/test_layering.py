@@ -46,7 +46,9 @@ class Rule:
 
 RULES = (
     Rule("agl_types", frozenset()),
-    Rule("agl_rollout", frozenset({"agl_types"}), banned_anywhere=frozenset({"torch", "verl", "ray", "vllm"})),
+    Rule(
+        "agl_rollout", frozenset({"agl_types"}), banned_anywhere=frozenset({"torch", "verl", "ray", "vllm"})
+    ),
     Rule(
         "agl_adapter",
         frozenset({"agl_types"}),
@@ -95,7 +97,9 @@ def _violations(rule: Rule) -> list[str]:
     src = ROOT / "packages" / rule.package.replace("_", "-") / "src"
     problems: list[str] = []
     for path in sorted((src / rule.package).rglob("*.py")):
-        in_lazy = rule.lazy_subpackage is not None and _module_name(path, src).startswith(rule.lazy_subpackage)
+        in_lazy = rule.lazy_subpackage is not None and _module_name(path, src).startswith(
+            rule.lazy_subpackage
+        )
         for imp in _imports_of(path, src):
             if imp.root in SIBLINGS and imp.root != rule.package and imp.root not in rule.allowed_siblings:
                 problems.append(f"{imp}: {rule.package} may not import sibling {imp.root}")
@@ -103,7 +107,9 @@ def _violations(rule: Rule) -> list[str]:
                 problems.append(f"{imp}: {rule.package} may not import {imp.root}")
             elif imp.top_level and not in_lazy and imp.root in rule.banned_at_import:
                 problems.append(f"{imp}: {rule.package} may import {imp.root} only inside a function")
-            elif imp.top_level and not in_lazy and rule.lazy_subpackage and imp.module == rule.lazy_subpackage:
+            elif (
+                imp.top_level and not in_lazy and rule.lazy_subpackage and imp.module == rule.lazy_subpackage
+            ):
                 problems.append(f"{imp}: {rule.lazy_subpackage} must be imported on demand only")
     return problems
 
@@ -124,7 +130,9 @@ def test_package_imports_respect_layering(rule: Rule) -> None:
 )
 def test_importing_package_loads_no_heavy_dependency(package: str, heavy: tuple[str, ...]) -> None:
     probe = f"import sys, {package}; print(','.join(m for m in {heavy!r} if m in sys.modules))"
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert loaded == "", f"importing {package} loaded {loaded}"
 
 

@@ -1,7 +1,70 @@
-"""agl-rollout."""
+"""agl-rollout: queue rollouts on agl-server, wait for them sync or by GRPO group, and turn
+their events into CompletedRollouts. No torch, no verl: only httpx and agl-types.
+"""
 
 from importlib.metadata import version as _version
 
+from agl_rollout._tracker import WaitCounts
+from agl_rollout.async_manager import AsyncRolloutManager, AsyncRolloutState, CarriedGroup
+from agl_rollout.batch import Batch, BatchTopUp, batch_len, batch_rows
+from agl_rollout.client import PAUSE_TIMEOUT_S, AglClient
+from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.convert import as_reward, to_native
+from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError, RolloutsLostError
+from agl_rollout.gateway import model_registrations, pause_and_drain
+from agl_rollout.hooks import BufferedTraceWriter, RolloutHooks, TraceWriter, load_hooks
+from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
+from agl_rollout.progress import WaitProgress
+from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
+from agl_rollout.retry import NO_RETRY, RetryPolicy
+from agl_rollout.sync_manager import RolloutBatchResult, SyncRolloutManager
+from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
+
 __version__ = _version("agl-rollout")
 
-__all__ = ("__version__",)
+__all__ = (
+    # client
+    "AglClient",
+    "PAUSE_TIMEOUT_S",
+    "RetryPolicy",
+    "NO_RETRY",
+    "AglServerError",
+    "AglHTTPError",
+    "AglUnavailableError",
+    "RolloutsLostError",
+    # managers
+    "RolloutManagerConfig",
+    "SyncRolloutManager",
+    "AsyncRolloutManager",
+    "AsyncRolloutState",
+    "CarriedGroup",
+    "RolloutBatchResult",
+    "WaitCounts",
+    "WaitProgress",
+    # queueing and batches
+    "Batch",
+    "BatchTopUp",
+    "QueuedBatch",
+    "batch_len",
+    "batch_rows",
+    "build_requests",
+    "enqueue",
+    "to_native",
+    # events -> rollouts
+    "TripletExtraction",
+    "as_reward",
+    "build_completed_rollout",
+    "extract_triplets",
+    "lifecycle_metrics",
+    "percentile",
+    "record_lifecycle",
+    # hooks
+    "RolloutHooks",
+    "TraceWriter",
+    "BufferedTraceWriter",
+    "load_hooks",
+    # gateway
+    "model_registrations",
+    "pause_and_drain",
+    "__version__",
+)

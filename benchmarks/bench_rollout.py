@@ -1,0 +1,89 @@
+"""Requests per completed rollout and wall time of agl-rollout's sync wait vs one GET per pending rollout.
+
+Drives N rollouts (default 1,000) through a real agl-server on loopback with instant fake
+agents, twice in the same run: once with ``SyncRolloutManager`` (terminal-rollouts cursor)
+and once with the reference's strategy (every poll GETs every pending rollout). Both poll at
+the same interval and count only the trainer side's HTTP requests.
+
+    .venv/bin/python benchmarks/bench_rollout.py [--rollouts 1000] [--poll 0.1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from agl_rollout import AglClient, RolloutManagerConfig, SyncRolloutManager
+from agl_testing.agents import FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_types import RolloutCreate, is_terminal
+
+
+def run_cursor(url: str, n: int, poll: float) -> tuple[int, float]:
+    with AglClient(url, TEST_KEY) as client:
+        config = RolloutManagerConfig(poll_interval_seconds=poll, progress=False)
+        started = time.perf_counter()
+        result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(
+            [{"x": i} for i in range(n)], is_train=True
+        )
+        assert len(result.completed) == n
+        return client.request_count, time.perf_counter() - started
+
+
+def run_get_per_pending(url: str, n: int, poll: float) -> tuple[int, float]:
+    """The reference's loop: GET each pending rollout per sweep; raw + triplet events; delete."""
+    with AglClient(url, TEST_KEY) as client:
+        started = time.perf_counter()
+        pending = [uuid.uuid4().hex for _ in range(n)]
+        client.create_rollouts(
+            [RolloutCreate(input={"x": i}, rollout_id=rid) for i, rid in enumerate(pending)]
+        )
+        done = 0
+        while pending:
+            still: list[str] = []
+            for rid in pending:
+                rollout = client.get_rollout(rid).rollout
+                if not is_terminal(rollout.state):
+                    still.append(rid)
+                    continue
+                client.get_events(rid)
+                client.get_events(rid, triplet=True)
+                client.delete_rollout(rid)
+                done += 1
+            pending = still
+            if pending:
+                time.sleep(poll)
+        assert done == n
+        return client.request_count, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="agl-rollout sync wait vs one GET per pending rollout")
+    parser.add_argument("--rollouts", type=int, default=1000)
+    parser.add_argument("--poll", type=float, default=0.1, help="poll interval of both strategies, seconds")
+    args = parser.parse_args()
+    server = AglServerProcess()
+    server.start()
+    try:
+        with FakeAgents(server.url, workers=16, poll_interval_s=0.01):
+            results = {
+                "terminal cursor (agl-rollout)": run_cursor(server.url, args.rollouts, args.poll),
+                "GET per pending (reference)": run_get_per_pending(server.url, args.rollouts, args.poll),
+            }
+    finally:
+        server.stop()
+    print(f"{args.rollouts} rollouts, instant agents, poll interval {args.poll} s")
+    print(f"{'strategy':32s} {'requests':>9s} {'req/rollout':>12s} {'wall s':>8s}")
+    for name, (requests, wall) in results.items():
+        print(f"{name:32s} {requests:9d} {requests / args.rollouts:12.2f} {wall:8.2f}")
+    (ours_req, ours_wall), (ref_req, ref_wall) = results.values()
+    print(f"ratio reference/ours: requests x{ref_req / ours_req:.2f}, wall time x{ref_wall / ours_wall:.2f}")
+
+
+if __name__ == "__main__":
+    main()

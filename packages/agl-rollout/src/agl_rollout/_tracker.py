@@ -1,0 +1,232 @@
+"""The polling engine both managers share: which of our rollouts finished, and finishing them.
+
+One sweep costs a constant number of round trips whatever the number of pending rollouts:
+the terminal-rollouts cursor (usually one page) says which rollouts turned terminal since
+the last sweep; one listing of RUNNING rollouts stamps start times (skipped once every
+pending rollout has one); one GET of a rotating pending rollout notices a server that lost
+its store. The statuses of the rollouts a sweep finds finished come in one listing of
+terminal rollouts; each finished rollout then costs a constant two calls (its triplet
+events, its delete), plus one raw-event fetch when an ``on_succeeded`` hook wants them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+from agl_rollout.client import AglClient
+from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.errors import AglHTTPError, AglServerError, RolloutsLostError
+from agl_rollout.hooks import HookRunner
+from agl_rollout.lifecycle import record_lifecycle
+from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
+from agl_types import CompletedRollout, EnqueuedRollout, Rollout, RolloutState, RolloutStatusPatch
+
+logger = logging.getLogger("agl_rollout.wait")
+
+_NO_EVENTS = TripletExtraction(triplets=[], final_reward=None, n_invalid_events=0)
+
+
+@dataclass
+class WaitCounts:
+    """Outcome counts of one wait. A timed-out rollout counts as timed out, not as failed."""
+
+    n_succeeded: int = 0
+    n_failed: int = 0
+    n_timed_out: int = 0
+    n_invalid_events: int = 0
+
+    def add(self, completed: CompletedRollout, n_invalid_events: int) -> None:
+        if completed.timed_out:
+            self.n_timed_out += 1
+        elif completed.succeeded:
+            self.n_succeeded += 1
+        else:
+            self.n_failed += 1
+        self.n_invalid_events += n_invalid_events
+
+    @property
+    def n_done(self) -> int:
+        return self.n_succeeded + self.n_failed + self.n_timed_out
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "training/n_rollouts_succeeded": float(self.n_succeeded),
+            "training/n_rollouts_failed": float(self.n_failed),
+            "training/n_rollouts_timed_out": float(self.n_timed_out),
+            "training/n_invalid_events": float(self.n_invalid_events),
+        }
+
+
+class RolloutTracker:
+    """Finds and finishes terminal rollouts among ``pending`` (rollout id -> its record).
+
+    ``cursor`` is this tracker's position in the server's completion log; it must be read
+    (:meth:`sync_cursor`) before the rollouts it waits for are created.
+    """
+
+    def __init__(self, client: AglClient, config: RolloutManagerConfig, hooks: HookRunner) -> None:
+        self.client = client
+        self.config = config
+        self.hooks = hooks
+        self.cursor: int | None = None
+        self._sweeps = 0
+
+    def sync_cursor(self) -> None:
+        if self.cursor is None:
+            self.cursor = self.client.terminal_page(0, limit=1).total_terminal
+
+    def sweep(self, pending: dict[str, EnqueuedRollout], counts: WaitCounts) -> list[CompletedRollout]:
+        """One poll: finish every pending rollout that is terminal or past its timeout.
+
+        Finished rollouts are removed from ``pending`` (O(1) each) and returned in detection order.
+        """
+        if not pending:
+            return []
+        self._sweeps += 1
+        self._observe_running(pending)
+        terminal_ids = self._read_terminal_log(pending)
+        statuses = self._terminal_statuses(terminal_ids)
+        done = [self._finish_terminal(pending.pop(rid), statuses.get(rid), counts) for rid in terminal_ids]
+        self._check_one_exists(pending)
+        deadline = time.time() - self.config.rollout_timeout_seconds
+        for rid in [rid for rid, record in pending.items() if record.enqueue_time < deadline]:
+            completed = self._time_out(pending[rid], counts)
+            if completed is not None:
+                del pending[rid]
+                done.append(completed)
+        return done
+
+    def _observe_running(self, pending: dict[str, EnqueuedRollout]) -> None:
+        if all(record.running_at is not None for record in pending.values()):
+            return
+        limit = max(500, 2 * len(pending))
+        for rollout in self.client.list_rollouts([RolloutState.RUNNING], limit=limit):
+            record = pending.get(rollout.rollout_id)
+            if record is not None:
+                record_lifecycle(record, rollout)
+
+    def _read_terminal_log(self, pending: dict[str, EnqueuedRollout]) -> list[str]:
+        self.sync_cursor()
+        assert self.cursor is not None
+        ours: list[str] = []
+        while True:
+            page = self.client.terminal_page(self.cursor, limit=self.config.terminal_page_limit)
+            if page.total_terminal < self.cursor:
+                raise RolloutsLostError(
+                    self.client.base_url,
+                    list(pending),
+                    f"its completion log shrank from {self.cursor} to {page.total_terminal} entries: it restarted",
+                )
+            ours.extend(item.rollout_id for item in page.items if item.rollout_id in pending)
+            self.cursor = page.next_after
+            if self.cursor >= page.total_terminal:
+                return list(dict.fromkeys(ours))
+
+    def _terminal_statuses(self, terminal_ids: list[str]) -> dict[str, Rollout]:
+        """The server's copies of several just-finished rollouts in one listing, not one GET each.
+
+        Finished rollouts are deleted as soon as they are processed, so the listing holds little
+        more than this sweep's; any it misses (a truncated list) are fetched one by one.
+        """
+        if len(terminal_ids) < 2:
+            return {}
+        wanted = set(terminal_ids)
+        states = [RolloutState.SUCCEEDED, RolloutState.FAILED]
+        listed = self.client.list_rollouts(states, limit=max(1000, 4 * len(terminal_ids)))
+        return {r.rollout_id: r for r in listed if r.rollout_id in wanted}
+
+    def _check_one_exists(self, pending: dict[str, EnqueuedRollout]) -> None:
+        """GET one pending rollout, a different one each sweep, to notice a server that lost it."""
+        if not pending:
+            return
+        rid = next(itertools.islice(pending, self._sweeps % len(pending), None))
+        try:
+            record_lifecycle(pending[rid], self.client.get_rollout(rid).rollout)
+        except AglHTTPError as exc:
+            if exc.status_code == 404:
+                raise RolloutsLostError(
+                    self.client.base_url, [rid], "GET answers 404: restarted or deleted"
+                ) from exc
+            raise
+
+    def _finish_terminal(
+        self, record: EnqueuedRollout, listed: Rollout | None, counts: WaitCounts
+    ) -> CompletedRollout:
+        rollout = listed or self._get_terminal(record.rollout_id)
+        record_lifecycle(record, rollout)
+        return self._finish(record, rollout, counts, timed_out=False)
+
+    def _get_terminal(self, rollout_id: str) -> Rollout:
+        try:
+            return self.client.get_rollout(rollout_id).rollout
+        except AglHTTPError as exc:
+            if exc.status_code == 404:
+                raise RolloutsLostError(
+                    self.client.base_url, [rollout_id], "deleted right after it finished"
+                ) from exc
+            raise
+
+    def _finish(
+        self, record: EnqueuedRollout, rollout: Rollout, counts: WaitCounts, *, timed_out: bool
+    ) -> CompletedRollout:
+        """Hook, events, CompletedRollout, delete: in that order, so hook-written events count."""
+        rid = record.rollout_id
+        if rollout.state is RolloutState.SUCCEEDED:
+            raw = self.client.get_events(rid) if self.hooks.wants_success_events else []
+            self.hooks.on_succeeded(rollout, raw)
+        else:
+            self.hooks.on_failed(rollout)
+        extraction = extract_triplets(self.client.get_events(rid, triplet=True))
+        completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
+        self._delete(rid)
+        counts.add(completed, extraction.n_invalid_events)
+        return completed
+
+    def _time_out(self, record: EnqueuedRollout, counts: WaitCounts) -> CompletedRollout | None:
+        """Mark an overdue rollout failed on the server (best effort) and finish it as timed out.
+
+        Returns ``None`` when the server says it just turned terminal on its own (409): the
+        next sweep finds it in the completion log like any other.
+        """
+        message = f"timed out by trainer after {self.config.rollout_timeout_seconds:g} s"
+        patch = RolloutStatusPatch(state=RolloutState.FAILED, error_message=message)
+        try:
+            rollout = self.client.patch_rollout_status(record.rollout_id, patch)
+        except AglHTTPError as exc:
+            if exc.status_code == 409:
+                return None
+            logger.warning(
+                "could not mark timed-out rollout failed rollout_id=%s error=%s", record.rollout_id, exc
+            )
+            rollout = None
+        except AglServerError as exc:
+            logger.warning(
+                "could not mark timed-out rollout failed rollout_id=%s error=%s", record.rollout_id, exc
+            )
+            rollout = None
+        logger.warning(
+            "rollout timed out rollout_id=%s timeout_s=%g",
+            record.rollout_id,
+            self.config.rollout_timeout_seconds,
+        )
+        if rollout is not None:
+            record_lifecycle(record, rollout)
+            return self._finish(record, rollout, counts, timed_out=True)
+        if record.finished_at is None:
+            record.finished_at = time.time()
+        completed = build_completed_rollout(record, None, _NO_EVENTS, timed_out=True, error_message=message)
+        self._delete(record.rollout_id)
+        counts.add(completed, 0)
+        return completed
+
+    def _delete(self, rollout_id: str) -> None:
+        try:
+            self.client.delete_rollout(rollout_id)
+        except AglServerError as exc:
+            logger.warning("could not delete finished rollout rollout_id=%s error=%s", rollout_id, exc)
+
+
+__all__ = ("RolloutTracker", "WaitCounts")

@@ -1,0 +1,221 @@
+"""Async mode: keep ``async_train_batch_size`` GRPO groups in flight, train on the first complete ones.
+
+A group (one ``data_id``) is complete when all ``train_rollout_n`` of its rollouts are
+terminal. Each step returns ``train_batch_size`` complete groups; every other group is
+carried over whole to the next step: unfinished groups keep waiting, and complete groups
+beyond the step's need are kept for the next step, never lost. Members that finished are
+finished once (hooked, turned into a CompletedRollout and deleted on the server when first
+seen) and never polled or hooked again. The carried state is a pydantic model, so a trainer
+can checkpoint it and resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from agl_rollout._tracker import RolloutTracker, WaitCounts
+from agl_rollout.batch import Batch
+from agl_rollout.client import AglClient
+from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.hooks import HookRunner, RolloutHooks
+from agl_rollout.lifecycle import lifecycle_metrics
+from agl_rollout.progress import WaitProgress
+from agl_rollout.queueing import build_requests, enqueue
+from agl_rollout.sync_manager import RolloutBatchResult
+from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
+
+
+class CarriedGroup(BaseModel):
+    """One GRPO group held by the async manager: its pending and its finished members.
+
+    ``first_step`` is the step that enqueued it; ``completed_seq`` orders complete groups
+    by when their last member finished (``None`` while some member is pending).
+    """
+
+    data_id: str
+    first_step: int
+    pending: list[EnqueuedRollout] = Field(default_factory=list[EnqueuedRollout])
+    completed: list[CompletedRollout] = Field(default_factory=list[CompletedRollout])
+    completed_seq: int | None = None
+
+    @property
+    def is_complete(self) -> bool:
+        return not self.pending
+
+    @property
+    def n_rollouts(self) -> int:
+        return len(self.pending) + len(self.completed)
+
+
+class AsyncRolloutState(BaseModel):
+    """Everything the async manager carries between steps (checkpoint with ``model_dump``)."""
+
+    cursor: int | None = None
+    next_completed_seq: int = 0
+    groups: list[CarriedGroup] = Field(default_factory=list[CarriedGroup])
+
+
+def _weight_version_span(group: CarriedGroup) -> int | None:
+    versions = [t.weight_version for r in group.completed for t in r.triplets]
+    known = [v for v in versions if v is not None]
+    return max(known) - min(known) + 1 if known else None
+
+
+def _mean_max(prefix: str, values: list[int]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {f"{prefix}/mean": sum(values) / len(values), f"{prefix}/max": float(max(values))}
+
+
+class AsyncRolloutManager:
+    """Waits by group: see the module docstring. Construct once per training run."""
+
+    def __init__(
+        self,
+        client: AglClient,
+        config: RolloutManagerConfig,
+        *,
+        train_batch_size: int,
+        async_train_batch_size: int | None,
+        hooks: RolloutHooks | None = None,
+        state: AsyncRolloutState | None = None,
+    ) -> None:
+        if train_batch_size < 1:
+            raise ValueError(f"train_batch_size must be >= 1, got {train_batch_size}")
+        if async_train_batch_size is None or async_train_batch_size <= train_batch_size:
+            raise ValueError(
+                f"async_train_batch_size ({async_train_batch_size}) must be > train_batch_size "
+                f"({train_batch_size}): the async mode keeps more groups in flight than one step trains on"
+            )
+        self.client = client
+        self.config = config
+        self.train_batch_size = train_batch_size
+        self.async_train_batch_size = async_train_batch_size
+        self.hooks = HookRunner(hooks, client)
+        restored = state.model_copy(deep=True) if state is not None else AsyncRolloutState()
+        self._groups = {group.data_id: group for group in restored.groups}
+        self._next_seq = restored.next_completed_seq
+        self._tracker = RolloutTracker(client, config, self.hooks)
+        self._tracker.cursor = restored.cursor
+
+    @property
+    def state(self) -> AsyncRolloutState:
+        """A copy of the carried state, for checkpoints."""
+        return AsyncRolloutState(
+            cursor=self._tracker.cursor,
+            next_completed_seq=self._next_seq,
+            groups=[group.model_copy(deep=True) for group in self._groups.values()],
+        )
+
+    @property
+    def n_groups_held(self) -> int:
+        return len(self._groups)
+
+    def shortfall(self) -> int:
+        """How many samples the next step should enqueue to hold ``async_train_batch_size`` groups."""
+        return max(0, self.async_train_batch_size - len(self._groups))
+
+    def enqueue_and_wait_until_group_completed(
+        self, batch: Batch, *, step: int, models: Sequence[ModelRegistration] | None = None
+    ) -> RolloutBatchResult:
+        """Enqueue ``batch`` (normally ``shortfall()`` samples) and return ``train_batch_size`` complete groups.
+
+        The returned rollouts are grouped: the members of each group are adjacent. Groups are
+        chosen oldest first (the step that enqueued them), then by completion order.
+        """
+        n_prev_rollouts = sum(group.n_rollouts for group in self._groups.values())
+        if models is not None:
+            self.client.register_models(models)
+        self._enqueue(batch, step)
+        if len(self._groups) < self.train_batch_size:
+            raise ValueError(
+                f"the async manager holds {len(self._groups)} groups but a step needs train_batch_size="
+                f"{self.train_batch_size}; enqueue shortfall()={self.shortfall()} samples per step"
+            )
+        counts = WaitCounts()
+        self._wait_for_complete_groups(counts)
+        trained = self._take_complete_groups()
+        completed = [rollout for group in trained for rollout in group.completed]
+        metrics = {
+            **counts.metrics(),
+            **lifecycle_metrics(completed),
+            **self._async_metrics(step, n_prev_rollouts, trained),
+        }
+        return RolloutBatchResult(completed=completed, metrics=metrics)
+
+    def _enqueue(self, batch: Batch, step: int) -> None:
+        queued = build_requests(
+            batch,
+            is_train=True,
+            rollouts_per_sample=self.config.train_rollout_n,
+            step=step,
+            rollout_config=self.config.rollout_config(),
+            hooks=self.hooks,
+        )
+        if not queued.requests:
+            return
+        self._tracker.sync_cursor()
+        enqueue(self.client, queued)
+        for record in queued.enqueued:
+            group = self._groups.setdefault(
+                record.data_id, CarriedGroup(data_id=record.data_id, first_step=step)
+            )
+            group.pending.append(record)
+
+    def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
+        pending = {r.rollout_id: r for g in self._groups.values() for r in g.pending}
+        group_of = {r.rollout_id: g for g in self._groups.values() for r in g.pending}
+        n_complete = sum(group.is_complete for group in self._groups.values())
+        progress = WaitProgress("async groups", self.train_batch_size, enabled=self.config.progress)
+        while n_complete < self.train_batch_size:
+            for rollout in self._tracker.sweep(pending, counts):
+                group = group_of.pop(rollout.rollout_id)
+                group.pending = [r for r in group.pending if r.rollout_id != rollout.rollout_id]
+                group.completed.append(rollout)
+                if group.is_complete:
+                    group.completed_seq = self._next_seq
+                    self._next_seq += 1
+                    n_complete += 1
+            oldest = min((r.enqueue_time for r in pending.values()), default=time.time())
+            progress.update(
+                min(n_complete, self.train_batch_size),
+                counts.n_succeeded,
+                counts.n_failed,
+                counts.n_timed_out,
+                time.time() - oldest,
+            )
+            if n_complete < self.train_batch_size:
+                time.sleep(self.config.poll_interval_seconds)
+        progress.close(self.train_batch_size, counts.n_succeeded, counts.n_failed, counts.n_timed_out)
+
+    def _take_complete_groups(self) -> list[CarriedGroup]:
+        complete = [group for group in self._groups.values() if group.is_complete]
+        complete.sort(key=lambda group: (group.first_step, group.completed_seq or 0))
+        trained = complete[: self.train_batch_size]
+        for group in trained:
+            del self._groups[group.data_id]
+        return trained
+
+    def _async_metrics(
+        self, step: int, n_prev_rollouts: int, trained: list[CarriedGroup]
+    ) -> dict[str, float]:
+        held = list(self._groups.values())
+        spans = [span for span in map(_weight_version_span, trained) if span is not None]
+        return {
+            "training/async/n_prev_carry_over_rollouts": float(n_prev_rollouts),
+            "training/async/n_completed_rollouts": float(sum(group.n_rollouts for group in trained)),
+            "training/async/n_new_carry_over_rollouts": float(sum(group.n_rollouts for group in held)),
+            "training/async/new_carry_over_age_max_steps": float(
+                max((step - group.first_step for group in held), default=0)
+            ),
+            **_mean_max(
+                "training/async/trained_group_staleness", [step - group.first_step for group in trained]
+            ),
+            **_mean_max("training/async/trained_group_weight_version_span", spans),
+        }
+
+
+__all__ = ("AsyncRolloutManager", "AsyncRolloutState", "CarriedGroup")

@@ -1,0 +1,64 @@
+"""Configuration of the rollout managers, validated at construction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agl_types import RolloutConfig, RolloutK8sConfig, RolloutLocalConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutManagerConfig:
+    """What both managers need to queue and wait for rollouts.
+
+    ``rollout_timeout_seconds`` bounds a rollout from its enqueue time on the trainer's clock:
+    past it the rollout is marked failed on the server, returned with ``timed_out=True`` and
+    counted, so one stuck agent never blocks a step. It is also sent to the controller as the
+    rollout's ``config.timeout_seconds``. ``progress=None`` shows a live line only on a TTY.
+    """
+
+    train_rollout_n: int = 1
+    rollout_timeout_seconds: float = 1200.0
+    poll_interval_seconds: float = 1.0
+    local_agent_class: str | None = None
+    local_env_map: Mapping[str, str] = field(default_factory=dict[str, str])
+    k8s_job_template_path: str | None = None
+    terminal_page_limit: int = 1000
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.train_rollout_n < 1:
+            raise ValueError(
+                f"train_rollout_n must be >= 1 (rollouts per GRPO group), got {self.train_rollout_n}"
+            )
+        if not (math.isfinite(self.rollout_timeout_seconds) and self.rollout_timeout_seconds > 0):
+            raise ValueError(
+                f"rollout_timeout_seconds must be a finite number > 0, got {self.rollout_timeout_seconds}"
+            )
+        if not (math.isfinite(self.poll_interval_seconds) and self.poll_interval_seconds > 0):
+            raise ValueError(
+                f"poll_interval_seconds must be a finite number > 0, got {self.poll_interval_seconds}"
+            )
+        if self.terminal_page_limit < 1:
+            raise ValueError(f"terminal_page_limit must be >= 1, got {self.terminal_page_limit}")
+        path = self.k8s_job_template_path
+        if path is not None and not Path(path).is_file():
+            raise ValueError(
+                f"k8s_job_template_path is {path!r}, which is not a file; give the path of the Job template"
+            )
+
+    def rollout_config(self) -> RolloutConfig:
+        """The controller-facing ``config`` of every rollout this manager creates."""
+        local = None
+        if self.local_agent_class:
+            local = RolloutLocalConfig(agent_class=self.local_agent_class, env_map=dict(self.local_env_map))
+        k8s = None
+        if self.k8s_job_template_path is not None:
+            k8s = RolloutK8sConfig(job_template=Path(self.k8s_job_template_path).read_text())
+        return RolloutConfig(timeout_seconds=math.ceil(self.rollout_timeout_seconds), local=local, k8s=k8s)
+
+
+__all__ = ("RolloutManagerConfig",)

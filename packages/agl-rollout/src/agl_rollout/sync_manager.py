@@ -1,0 +1,99 @@
+"""Sync mode: enqueue a whole batch and wait until every rollout of it is terminal."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from agl_rollout._tracker import RolloutTracker, WaitCounts
+from agl_rollout.batch import Batch
+from agl_rollout.client import AglClient
+from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.hooks import HookRunner, RolloutHooks
+from agl_rollout.lifecycle import lifecycle_metrics
+from agl_rollout.progress import WaitProgress
+from agl_rollout.queueing import build_requests, enqueue
+from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
+
+
+@dataclass(frozen=True)
+class RolloutBatchResult:
+    """The completed rollouts of one wait, in detection order, and the wait's metrics."""
+
+    completed: list[CompletedRollout]
+    metrics: dict[str, float] = field(default_factory=dict[str, float])
+
+
+def _oldest_wait(pending: dict[str, EnqueuedRollout]) -> float:
+    return time.time() - min((r.enqueue_time for r in pending.values()), default=time.time())
+
+
+class SyncRolloutManager:
+    """Queues rollouts for a batch and waits for all of them (sync training and all validation).
+
+    Every finished rollout is hooked, turned into a CompletedRollout and deleted from the
+    server as soon as it is seen, so server state stays bounded by what is in flight. A
+    rollout that never ends is failed by the trainer after ``rollout_timeout_seconds``.
+    """
+
+    def __init__(
+        self, client: AglClient, config: RolloutManagerConfig, *, hooks: RolloutHooks | None = None
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.hooks = HookRunner(hooks, client)
+
+    def enqueue_and_wait_until_completed(
+        self,
+        batch: Batch,
+        *,
+        is_train: bool,
+        step: int = 0,
+        models: Sequence[ModelRegistration] | None = None,
+    ) -> RolloutBatchResult:
+        """Enqueue ``train_rollout_n`` rollouts per sample (1 for validation) and wait for all.
+
+        ``models``, when given, replace the gateway's registered endpoints first (their
+        ``version`` should be ``step``, the weight version that serves this batch).
+        """
+        if models is not None:
+            self.client.register_models(models)
+        per_sample = self.config.train_rollout_n if is_train else 1
+        queued = build_requests(
+            batch,
+            is_train=is_train,
+            rollouts_per_sample=per_sample,
+            step=step,
+            rollout_config=self.config.rollout_config(),
+            hooks=self.hooks,
+        )
+        if not queued.requests:
+            return RolloutBatchResult(completed=[])
+        tracker = RolloutTracker(self.client, self.config, self.hooks)
+        tracker.sync_cursor()
+        enqueue(self.client, queued)
+        pending = {record.rollout_id: record for record in queued.enqueued}
+        completed, counts = self._wait(tracker, pending, "train rollouts" if is_train else "val rollouts")
+        return RolloutBatchResult(
+            completed=completed, metrics={**counts.metrics(), **lifecycle_metrics(completed)}
+        )
+
+    def _wait(
+        self, tracker: RolloutTracker, pending: dict[str, EnqueuedRollout], label: str
+    ) -> tuple[list[CompletedRollout], WaitCounts]:
+        counts = WaitCounts()
+        completed: list[CompletedRollout] = []
+        progress = WaitProgress(label, len(pending), enabled=self.config.progress)
+        while pending:
+            completed.extend(tracker.sweep(pending, counts))
+            progress.update(
+                counts.n_done, counts.n_succeeded, counts.n_failed, counts.n_timed_out, _oldest_wait(pending)
+            )
+            if pending:
+                time.sleep(self.config.poll_interval_seconds)
+        progress.close(counts.n_done, counts.n_succeeded, counts.n_failed, counts.n_timed_out)
+        return completed, counts
+
+
+__all__ = ("RolloutBatchResult", "SyncRolloutManager")

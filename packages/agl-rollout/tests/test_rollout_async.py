@@ -1,0 +1,132 @@
+"""Async manager against the real server: group waits, carry-over, shortfall top-up, state resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from agl_rollout import (
+    AglClient,
+    AsyncRolloutManager,
+    AsyncRolloutState,
+    RolloutHooks,
+    RolloutManagerConfig,
+    TraceWriter,
+)
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_types import CompletedRollout, Event, Rollout, RolloutState
+
+pytestmark = pytest.mark.server
+
+N = 2
+CONFIG = RolloutManagerConfig(train_rollout_n=N, poll_interval_seconds=0.02)
+
+
+class CountingHooks(RolloutHooks):
+    def __init__(self) -> None:
+        self.finished: Counter[str] = Counter()
+
+    def on_succeeded(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
+        self.finished[rollout.rollout_id] += 1
+
+
+def _samples(start: int, n: int) -> list[dict[str, Any]]:
+    return [{"x": i} for i in range(start, start + n)]
+
+
+def _groups(completed: list[CompletedRollout]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for r in completed:
+        groups.setdefault(r.data_id, []).append(r.input["x"])
+    return groups
+
+
+def _slow_first(r: dict[str, Any]) -> AgentBehaviour:
+    return AgentBehaviour(delay_s=1.0 if r["input"]["x"] == 0 else 0.0)
+
+
+def test_slow_groups_carry_over_whole_and_shortfall_only_is_enqueued(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    hooks = CountingHooks()
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_slow_first),
+    ):
+        manager = AsyncRolloutManager(
+            client, CONFIG, train_batch_size=2, async_train_batch_size=4, hooks=hooks
+        )
+        assert manager.shortfall() == 4
+        step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+        shortfall = manager.shortfall()
+        step2 = manager.enqueue_and_wait_until_group_completed(_samples(4, shortfall), step=2)
+        step3 = manager.enqueue_and_wait_until_group_completed(_samples(10, manager.shortfall()), step=3)
+        left = client.list_rollouts(list(RolloutState), limit=1000)
+    assert shortfall == 2
+    trained = [_groups(s.completed) for s in (step1, step2, step3)]
+    for groups in trained:
+        assert len(groups) == 2
+        assert all(len(xs) == N and len(set(xs)) == 1 for xs in groups.values())
+    all_x = [xs[0] for groups in trained for xs in groups.values()]
+    assert len(all_x) == len(set(all_x)) == 6
+    assert 0 not in [xs[0] for xs in trained[0].values()]
+    assert step1.metrics["training/async/n_prev_carry_over_rollouts"] == 0.0
+    assert step1.metrics["training/async/n_completed_rollouts"] == 4.0
+    assert step1.metrics["training/async/n_new_carry_over_rollouts"] == 4.0
+    assert step2.metrics["training/async/n_prev_carry_over_rollouts"] == 4.0
+    assert step2.metrics["training/async/trained_group_staleness/max"] == 1.0
+    assert max(hooks.finished.values()) == 1
+    assert len(left) == manager.n_groups_held * N - sum(
+        len(g.completed) for g in manager.state.groups
+    )  # only pending rollouts are still on the server
+
+
+def test_complete_groups_beyond_the_need_are_kept_for_the_next_step(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client, FakeAgents(fresh_agl_server.url):
+        manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
+        step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+        first = set(_groups(step1.completed))
+        state = manager.state
+        step2 = manager.enqueue_and_wait_until_group_completed(_samples(4, manager.shortfall()), step=2)
+    held = {g.data_id for g in state.groups}
+    assert len(held) == 2 and not held & first
+    second = set(_groups(step2.completed))
+    assert second == held  # oldest complete groups first
+    assert step2.metrics["training/async/trained_group_staleness/mean"] == 1.0
+
+
+def test_carried_state_survives_a_json_round_trip_and_resumes(fresh_agl_server: AglServerProcess) -> None:
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_slow_first),
+    ):
+        manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
+        step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+        dumped = manager.state.model_dump_json()
+        resumed = AsyncRolloutManager(
+            client,
+            CONFIG,
+            train_batch_size=2,
+            async_train_batch_size=4,
+            state=AsyncRolloutState.model_validate_json(dumped),
+        )
+        assert resumed.shortfall() == 2
+        step2 = resumed.enqueue_and_wait_until_group_completed([], step=2)
+    trained_first = {xs[0] for xs in _groups(step1.completed).values()}
+    trained_after_resume = {xs[0] for xs in _groups(step2.completed).values()}
+    assert trained_after_resume == {0, 1, 2, 3} - trained_first
+
+
+def test_waiting_with_fewer_groups_than_a_step_needs_is_a_value_error(agl_server: AglServerProcess) -> None:
+    with AglClient(agl_server.url, TEST_KEY) as client:
+        manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
+        with pytest.raises(ValueError, match="holds 1 groups but a step needs train_batch_size=2"):
+            manager.enqueue_and_wait_until_group_completed(_samples(0, 1), step=1)
+        for g in manager.state.groups:
+            for r in g.pending:
+                client.delete_rollout(r.rollout_id)

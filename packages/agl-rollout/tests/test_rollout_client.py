@@ -1,0 +1,173 @@
+"""AglClient against the real agl-server: idempotent creation, cursor, errors, gateway control."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from agl_rollout import AglClient, AglHTTPError, model_registrations, pause_and_drain
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_types import EventCreate, RolloutCreate, RolloutState, RolloutStatusPatch
+
+pytestmark = pytest.mark.server
+
+
+def _request(**kw: object) -> RolloutCreate:
+    return RolloutCreate.model_validate({"input": {"q": 1}, "rollout_id": uuid.uuid4().hex, **kw})
+
+
+@pytest.fixture
+def client(agl_server: AglServerProcess) -> Iterator[AglClient]:
+    with AglClient(agl_server.url, TEST_KEY) as c:
+        yield c
+
+
+def test_create_with_the_same_ids_twice_creates_each_rollout_once(client: AglClient) -> None:
+    requests = [_request(), _request()]
+    first = client.create_rollouts(requests)
+    second = client.create_rollouts(requests)
+    assert [r.rollout_id for r in first] == [r.rollout_id for r in second] == [r.rollout_id for r in requests]
+    ids = {r.rollout_id for r in client.list_rollouts([RolloutState.QUEUING], limit=100_000)}
+    assert {r.rollout_id for r in requests} <= ids
+
+
+def test_create_with_null_input_is_accepted(client: AglClient) -> None:
+    [rollout] = client.create_rollouts([RolloutCreate(input=None, rollout_id=uuid.uuid4().hex)])
+    assert rollout.input is None
+
+
+def test_create_without_rollout_ids_is_refused_before_any_request(client: AglClient) -> None:
+    with pytest.raises(ValueError, match="no rollout_id"):
+        client.create_rollouts([RolloutCreate(input=1)])
+    assert client.request_count == 0
+
+
+def test_4xx_is_not_retried_and_quotes_the_server_detail(client: AglClient) -> None:
+    with pytest.raises(AglHTTPError) as info:
+        client.get_rollout("no-such-rollout")
+    assert info.value.status_code == 404
+    assert "Rollout not found: no-such-rollout" in str(info.value)
+    assert client.request_count == 1
+
+
+def test_wrong_key_is_a_401_error(agl_server: AglServerProcess) -> None:
+    with (
+        AglClient(agl_server.url, "wrong") as bad,
+        pytest.raises(AglHTTPError, match="Invalid or missing API key"),
+    ):
+        bad.terminal_page()
+
+
+def test_terminal_cursor_lists_only_rollouts_finished_after_it(client: AglClient) -> None:
+    [a, b] = client.create_rollouts([_request(), _request()])
+    cursor = client.terminal_page(0, limit=1).total_terminal
+    client.patch_rollout_status(
+        a.rollout_id, RolloutStatusPatch(state=RolloutState.FAILED, error_message="x")
+    )
+    page = client.terminal_page(cursor)
+    assert [(i.rollout_id, i.state) for i in page.items] == [(a.rollout_id, RolloutState.FAILED)]
+    assert page.next_after == cursor + 1
+    assert client.terminal_page(page.next_after).items == []
+    assert client.get_rollout(b.rollout_id).rollout.state is RolloutState.QUEUING
+
+
+def test_events_come_back_plain_and_in_triplet_format(client: AglClient) -> None:
+    [r] = client.create_rollouts([_request()])
+    data = {"response": {"choices": [{"prompt_token_ids": [1], "token_ids": [2]}]}, "http_status": 200}
+    client.post_event(r.rollout_id, "0", EventCreate(event_type="model_request", data=data))
+    client.post_event(r.rollout_id, "0", EventCreate(event_type="reward", data={"value": 1, "message": "m"}))
+    plain = client.get_events(r.rollout_id)
+    triplet = client.get_events(r.rollout_id, triplet=True)
+    assert [e.event_type for e in plain] == ["model_request", "reward"]
+    assert triplet[0].data["response_token_ids"] == [2]
+    assert triplet[1].data == {"value": 1}
+    client.delete_rollout(r.rollout_id)
+    client.delete_rollout(r.rollout_id)
+    with pytest.raises(AglHTTPError, match="404"):
+        client.get_rollout(r.rollout_id)
+
+
+def test_patching_an_invalid_transition_raises_409_with_detail(client: AglClient) -> None:
+    [r] = client.create_rollouts([_request()])
+    with pytest.raises(AglHTTPError, match="cannot transition queuing -> succeeded") as info:
+        client.patch_rollout_status(r.rollout_id, RolloutStatusPatch(state=RolloutState.SUCCEEDED))
+    assert info.value.status_code == 409
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """A fake vLLM completions endpoint; ``delay_s`` on the server object slows it down."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        time.sleep(getattr(self.server, "delay_s", 0.0))
+        body = json.dumps(
+            {"choices": [{"prompt_token_ids": [1, 2], "token_ids": [3], "finish_reason": "stop"}]}
+        )
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def upstream() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+def _proxy_call(base_url: str, rollout_id: str) -> httpx.Response:
+    url = f"{base_url}/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1/completions"
+    return httpx.post(url, json={"prompt": "hi"}, headers={"Authorization": f"Bearer {TEST_KEY}"}, timeout=30)
+
+
+def test_registered_weight_version_reaches_events_and_stale_endpoints_are_removed(
+    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
+) -> None:
+    live = f"127.0.0.1:{upstream.server_address[1]}"
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        client.register_models(model_registrations(TEST_MODEL_NAME, ["127.0.0.1:9"], version=1))
+        client.register_models(model_registrations(TEST_MODEL_NAME, [live], version=2))
+        rollouts = client.create_rollouts([_request() for _ in range(6)])
+        statuses = [_proxy_call(fresh_agl_server.url, r.rollout_id).status_code for r in rollouts]
+        versions = [
+            client.get_events(r.rollout_id, triplet=True)[0].data["server"]["version"] for r in rollouts
+        ]
+    assert statuses == [200] * 6
+    assert versions == [2] * 6
+
+
+def test_pause_and_drain_returns_metrics_and_times_out_while_a_call_is_in_flight(
+    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
+) -> None:
+    upstream.delay_s = 2.0  # type: ignore[attr-defined]
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        client.register_models(
+            model_registrations(TEST_MODEL_NAME, [f"127.0.0.1:{upstream.server_address[1]}"], version=0)
+        )
+        [r] = client.create_rollouts([_request()])
+        call = threading.Thread(target=_proxy_call, args=(fresh_agl_server.url, r.rollout_id))
+        call.start()
+        while client.proxy_state().inflight == 0:
+            time.sleep(0.02)
+        with pytest.raises(TimeoutError, match="1 model call"):
+            pause_and_drain(client, "step 1", poll_interval=0.05, timeout_s=0.2)
+        call.join()
+        metrics = pause_and_drain(client, "step 1")
+        state = client.proxy_state()
+        resumed = client.resume()
+    assert metrics["training/async/proxy_inflight_at_pause"] == 0.0
+    assert state.paused and state.reason == "step 1"
+    assert not resumed.paused

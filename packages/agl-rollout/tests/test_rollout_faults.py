@@ -1,0 +1,76 @@
+"""Faults between client and server: dropped answers, reset connections, a restarted server."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from agl_rollout import (
+    AglClient,
+    AglServerError,
+    RetryPolicy,
+    RolloutManagerConfig,
+    RolloutsLostError,
+    SyncRolloutManager,
+)
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.fault_proxy import FaultProxy
+
+pytestmark = pytest.mark.server
+
+CONFIG = RolloutManagerConfig(train_rollout_n=2, poll_interval_seconds=0.02)
+FAST_RETRY = RetryPolicy(max_attempts=100, base_delay_s=0.05, max_delay_s=0.5, deadline_s=20.0)
+
+
+def test_create_whose_answer_is_lost_is_retried_without_a_duplicate(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    with FaultProxy(fresh_agl_server.port) as proxy:
+        proxy.inject("POST", "/api/rollouts", "drop_response")
+        proxy.inject("POST", "/api/rollouts", "reset")
+        proxy.inject("GET", "/api/rollouts/terminal", "reset", times=2)
+        proxy.inject("GET", "/api/rollouts/", "drop_response", times=2)
+        with (
+            AglClient(proxy.url, TEST_KEY, retry=FAST_RETRY) as client,
+            FakeAgents(fresh_agl_server.url) as agents,
+        ):
+            result = SyncRolloutManager(client, CONFIG).enqueue_and_wait_until_completed(
+                [{"x": i} for i in range(4)], is_train=True
+            )
+        faults = Counter((method, fault) for method, _, fault in proxy.injected)
+    ids = [r.rollout_id for r in result.completed]
+    assert len(ids) == len(set(ids)) == 8
+    assert sorted(agents.stats.claimed) == sorted(ids)  # the server never held a ninth rollout
+    assert faults[("POST", "drop_response")] == 1 and faults[("POST", "reset")] == 1
+    assert faults[("GET", "reset")] == 2 and faults[("GET", "drop_response")] == 2
+
+
+def test_server_restart_during_a_wait_raises_a_clear_error(fresh_agl_server: AglServerProcess) -> None:
+    restarter = threading.Timer(0.3, fresh_agl_server.restart)
+    config = RolloutManagerConfig(poll_interval_seconds=0.05, rollout_timeout_seconds=120.0)
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY, retry=FAST_RETRY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+    ):
+        restarter.start()
+        with pytest.raises(RolloutsLostError, match="vanished from agl-server") as info:
+            SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
+        restarter.join()
+    assert len(info.value.rollout_ids) == 1
+
+
+def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_deadline(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    retry = RetryPolicy(base_delay_s=0.05, max_delay_s=0.2, deadline_s=1.0)
+    config = RolloutManagerConfig(poll_interval_seconds=0.05)
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY, retry=retry) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+    ):
+        threading.Timer(0.3, fresh_agl_server.stop).start()
+        with pytest.raises(AglServerError, match="check that agl-server is running"):
+            SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)

@@ -1,0 +1,303 @@
+"""Pure-Python behaviour of agl-rollout: conversion, batches, config, triplets, metrics, hooks loading."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_rollout import (
+    AglClient,
+    AsyncRolloutManager,
+    BatchTopUp,
+    RetryPolicy,
+    RolloutManagerConfig,
+    batch_rows,
+    extract_triplets,
+    lifecycle_metrics,
+    load_hooks,
+    model_registrations,
+    percentile,
+    to_native,
+)
+from agl_testing.agents import model_request_data
+from agl_types import CompletedRollout, Event, RolloutState
+
+
+def _event(event_type: str, data: dict[str, Any]) -> Event:
+    return Event(event_type=event_type, rollout_id="r", attempt_id="0", timestamp=0.0, data=data)
+
+
+def _triplet_request(prompt: list[int], response: list[int], **extra: Any) -> Event:
+    data: dict[str, Any] = {
+        "prompt_token_ids": prompt,
+        "response_token_ids": response,
+        "response_log_probs": [-0.5] * len(response),
+        "server": {"model": "m", "version": 3},
+        "http_status": 200,
+        "status": "ok",
+    }
+    return _event("model_request", {**data, **extra})
+
+
+# -- to_native and batches ------------------------------------------------------------------
+
+
+class _FakeArray:
+    """Duck-types a numpy array / torch tensor: only ``tolist`` (what to_native relies on)."""
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+
+    def tolist(self) -> list[Any]:
+        return self.values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.values[i]
+
+
+class _FakeScalar:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+
+def test_to_native_converts_array_likes_and_scalars_by_duck_typing() -> None:
+    value = {"a": _FakeScalar(3), "b": _FakeArray([1.5, _FakeScalar(2.5)]), "c": (1, {2}), 4: b"x"}
+    assert to_native(value) == {"a": 3, "b": [1.5, 2.5], "c": [1, [2]], "4": "x"}
+
+
+def test_to_native_returns_new_containers_so_the_input_is_never_mutated() -> None:
+    row = {"tags": ["a"], "meta": {"k": 1}}
+    native = to_native(row)
+    native["tags"].append("b")
+    native["meta"]["k"] = 2
+    assert row == {"tags": ["a"], "meta": {"k": 1}}
+
+
+def test_to_native_rejects_an_unconvertible_object_naming_its_type() -> None:
+    with pytest.raises(TypeError, match="object"):
+        to_native(object())
+
+
+def test_batch_rows_reads_a_column_mapping_of_array_likes() -> None:
+    batch = {"x": _FakeArray([1, 2]), "y": ["a", "b"]}
+    assert batch_rows(batch) == [{"x": 1, "y": "a"}, {"x": 2, "y": "b"}]
+
+
+def test_batch_rows_rejects_columns_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        batch_rows({"x": [1, 2], "y": [1]})
+
+
+def test_batch_top_up_splits_and_concatenates_list_columns_across_batches_and_epochs() -> None:
+    top_up = BatchTopUp(lambda: [{"l": [0, 1, 2]}, {"l": [3]}])
+    assert top_up.next_batch(2) == {"l": [0, 1]}
+    assert top_up.next_batch(3) == {"l": [2, 3, 0]}
+    assert top_up.epoch == 2
+
+
+def test_batch_top_up_rejects_an_unsupported_column_type_naming_the_key() -> None:
+    top_up = BatchTopUp(lambda: [{"k": (1, 2)}, {"k": (3,)}])
+    with pytest.raises(TypeError, match="unsupported batch value type for key 'k'"):
+        top_up.next_batch(3)
+
+
+def test_batch_top_up_refuses_a_non_positive_size() -> None:
+    with pytest.raises(ValueError, match="size must be > 0, got 0"):
+        BatchTopUp(list).next_batch(0)
+
+
+# -- config ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("train_rollout_n", 0),
+        ("rollout_timeout_seconds", 0.0),
+        ("rollout_timeout_seconds", float("inf")),
+        ("poll_interval_seconds", -1.0),
+        ("terminal_page_limit", 0),
+        ("k8s_job_template_path", "/nonexistent/job.yaml"),
+    ],
+)
+def test_invalid_manager_config_raises_value_error_naming_the_key(key: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=key):
+        RolloutManagerConfig(**{key: value})
+
+
+def test_rollout_config_carries_timeout_agent_class_and_template_text(tmp_path: Path) -> None:
+    template = tmp_path / "job.yaml"
+    template.write_text("kind: Job\n")
+    config = RolloutManagerConfig(
+        rollout_timeout_seconds=90.5,
+        local_agent_class="pkg.Agent",
+        local_env_map={"A": "1"},
+        k8s_job_template_path=str(template),
+    )
+    wire = config.rollout_config().model_dump(mode="json")
+    assert wire == {
+        "timeout_seconds": 91,
+        "local": {"agent_class": "pkg.Agent", "env_map": {"A": "1"}},
+        "k8s": {"job_template": "kind: Job\n"},
+    }
+
+
+@pytest.mark.parametrize("async_size", [None, 4, 3])
+def test_async_batch_size_not_above_train_batch_size_raises_value_error(async_size: int | None) -> None:
+    config = RolloutManagerConfig()
+    with AglClient("http://127.0.0.1:9") as client, pytest.raises(ValueError, match="async_train_batch_size"):
+        AsyncRolloutManager(client, config, train_batch_size=4, async_train_batch_size=async_size)
+
+
+def test_retry_policy_delays_are_bounded_and_counted() -> None:
+    policy = RetryPolicy(max_attempts=6, base_delay_s=0.5, max_delay_s=2.0, jitter=0.25)
+    delays = list(policy.delays())
+    assert len(delays) == 5
+    for delay, base in zip(delays, [0.5, 1.0, 2.0, 2.0, 2.0], strict=True):
+        assert base * 0.75 <= delay <= base * 1.25
+
+
+def test_model_registrations_normalise_bare_addresses_and_carry_the_version() -> None:
+    regs = model_registrations("m", ["10.0.0.1:8000", "https://h/v1"], version=7)
+    assert [(r.endpoint, r.version) for r in regs] == [("http://10.0.0.1:8000/v1", 7), ("https://h/v1", 7)]
+
+
+# -- events -> triplets ---------------------------------------------------------------------
+
+
+def test_valid_model_requests_become_triplets_and_last_reward_is_set_on_last_triplet() -> None:
+    events = [
+        _triplet_request([1, 2], [3]),
+        _event("reward", {"value": 0.25}),
+        _triplet_request([1, 2, 3, 4], [5, 6]),
+        _event("reward", {"value": 1}),
+    ]
+    extraction = extract_triplets(events)
+    assert extraction.final_reward == 1.0
+    assert [(t.prompt_token_ids, t.response_token_ids, t.reward) for t in extraction.triplets] == [
+        ([1, 2], [3], None),
+        ([1, 2, 3, 4], [5, 6], 1.0),
+    ]
+    assert extraction.triplets[0].weight_version == 3
+    assert extraction.n_invalid_events == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"status": "error"},
+        {"http_status": 500},
+        {"error": {"message": "boom"}},
+        {"response_token_ids": []},
+        {"response_token_ids": [-1]},
+        {"response_log_probs": [-0.1, -0.2]},
+        {"prompt_token_ids": "not a list"},
+    ],
+)
+def test_invalid_model_request_is_skipped_and_counted(bad: dict[str, Any]) -> None:
+    extraction = extract_triplets([_triplet_request([9], [8]), _triplet_request([1], [2], **bad)])
+    assert [t.prompt_token_ids for t in extraction.triplets] == [[9]]
+    assert extraction.n_invalid_events == 1
+
+
+@pytest.mark.parametrize("value", [None, "1.0", True, float("nan")])
+def test_non_numeric_reward_is_skipped_and_counted_without_hiding_an_earlier_one(value: Any) -> None:
+    extraction = extract_triplets([_event("reward", {"value": 0.5}), _event("reward", {"value": value})])
+    assert extraction.final_reward == 0.5
+    assert extraction.n_invalid_events == 1
+
+
+def test_empty_prompt_ids_are_kept_as_a_triplet() -> None:
+    extraction = extract_triplets([_triplet_request([], [4])])
+    assert [t.response_token_ids for t in extraction.triplets] == [[4]]
+
+
+def test_agents_payload_matches_what_the_triplet_channel_reads() -> None:
+    data = model_request_data([1, 2], [3, 4], version=2)
+    assert data["response"]["choices"][0]["token_ids"] == [3, 4]
+    assert data["server"]["version"] == 2
+
+
+# -- lifecycle metrics ----------------------------------------------------------------------
+
+
+def test_percentile_interpolates_linearly_like_numpy() -> None:
+    values = [1.0, 2.0, 4.0, 10.0]
+    expected = {0: 1.0, 50: 3.0, 90: 8.2, 99: 9.82, 100: 10.0}  # numpy.percentile(values, q)
+    assert {q: percentile(values, q) for q in expected} == pytest.approx(expected)
+
+
+def _completed(i: int, enqueue: float, running: float | None, finished: float) -> CompletedRollout:
+    return CompletedRollout(
+        rollout_id=f"r{i}",
+        data_id="d",
+        step=0,
+        sample_idx_in_step=i,
+        enqueue_time=enqueue,
+        running_at=running,
+        finished_at=finished,
+        rollout_state=RolloutState.SUCCEEDED,
+    )
+
+
+def test_lifecycle_metrics_give_queue_run_and_total_percentiles() -> None:
+    metrics = lifecycle_metrics(
+        [_completed(0, 0.0, 1.0, 3.0), _completed(1, 0.0, 3.0, 7.0), _completed(2, 0.0, None, 5.0)]
+    )
+    assert metrics["timing/rollout_queue_wait_s/mean"] == 2.0
+    assert metrics["timing/rollout_queue_wait_s/max"] == 3.0
+    assert metrics["timing/rollout_run_duration_s/p50"] == 3.0
+    assert metrics["timing/rollout_total_s/p90"] == pytest.approx(6.6)
+    assert metrics["timing/rollout_total_s/p99"] == pytest.approx(6.96)
+    assert metrics["timing/rollout_n_missing_running_ts"] == 1.0
+
+
+def test_lifecycle_metrics_of_no_rollouts_are_empty() -> None:
+    assert lifecycle_metrics([]) == {}
+
+
+# -- load_hooks -----------------------------------------------------------------------------
+
+
+def _hooks_file(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "hooks.py"
+    path.write_text("from agl_rollout import RolloutHooks\n" + body)
+    return path
+
+
+def test_load_hooks_instantiates_the_one_subclass(tmp_path: Path) -> None:
+    hooks = load_hooks(_hooks_file(tmp_path, "class Mine(RolloutHooks):\n    marker = 1\n"))
+    assert type(hooks).__name__ == "Mine"
+
+
+def test_load_hooks_without_a_subclass_raises_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="No RolloutHooks subclass found"):
+        load_hooks(_hooks_file(tmp_path, "x = 1\n"))
+
+
+def test_load_hooks_with_two_subclasses_raises_value_error_naming_both(tmp_path: Path) -> None:
+    body = "class A(RolloutHooks):\n    pass\nclass B(RolloutHooks):\n    pass\n"
+    with pytest.raises(ValueError, match=r"Multiple RolloutHooks subclasses found .*\['A', 'B'\]"):
+        load_hooks(_hooks_file(tmp_path, body))
+
+
+def test_load_hooks_of_a_missing_file_raises_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="Hooks module not found"):
+        load_hooks(tmp_path / "nope.py")
+
+
+def test_importing_agl_rollout_loads_neither_torch_numpy_nor_verl() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, agl_rollout; print(sorted(m for m in ('torch', 'numpy', 'verl') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -1,0 +1,230 @@
+"""Test agents that play the controller and the agent through agl-server's public API.
+
+:class:`FakeAgents` polls queued rollouts, claims each by PATCHing it RUNNING (the server
+serialises transitions, so a rollout is claimed once however many pools run), then, on a
+worker thread, waits the behaviour's delay, posts ``model_request`` events shaped as the
+gateway proxy records them plus a ``reward`` event, and PATCHes the final state. What each
+rollout does is an :class:`AgentBehaviour`, fixed or chosen per rollout from its JSON.
+
+Only httpx and the standard library, so every package's tests (and the trainer's) can use it::
+
+    with FakeAgents(server.url, behaviour=lambda r: AgentBehaviour(reward=float(r["input"]["x"]))):
+        manager.enqueue_and_wait_until_completed(batch, is_train=True)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME
+
+logger = logging.getLogger("agl_testing.agents")
+
+Outcome = Literal["succeeded", "failed", "never_finish", "never_start"]
+Malformed = Literal["error_status", "no_response_tokens", "bad_log_probs", "non_numeric_reward"]
+
+
+@dataclass(frozen=True)
+class AgentBehaviour:
+    """What one fake agent does with its rollout.
+
+    ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
+    would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
+    listed (on top of the valid ones); ``never_finish`` leaves the rollout RUNNING and
+    ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
+    """
+
+    delay_s: float = 0.0
+    turns: int = 1
+    outcome: Outcome = "succeeded"
+    reward: float | None = 1.0
+    malformed: tuple[Malformed, ...] = ()
+    weight_version: int = 0
+
+
+Behaviour = AgentBehaviour | Callable[[dict[str, Any]], AgentBehaviour]
+
+
+def model_request_data(
+    prompt_ids: list[int],
+    response_ids: list[int],
+    *,
+    log_probs: list[float] | None = None,
+    version: int = 0,
+    http_status: int = 200,
+    model: str = TEST_MODEL_NAME,
+) -> dict[str, Any]:
+    """A ``model_request`` payload in the shape the gateway proxy records for a completions call."""
+    lps = log_probs if log_probs is not None else [-0.5] * len(response_ids)
+    ok = http_status < 400
+    return {
+        "model": model,
+        "model_version": version,
+        "request": {"model": model, "prompt": prompt_ids},
+        "response": {
+            "choices": [
+                {
+                    "prompt_token_ids": prompt_ids,
+                    "token_ids": response_ids,
+                    "logprobs": {"token_logprobs": lps},
+                    "finish_reason": "stop",
+                }
+            ]
+        },
+        "server": {"model": model, "endpoint": "http://127.0.0.1:9/v1", "version": version},
+        "latency_ms": 1.0,
+        "http_status": http_status,
+        "status": "ok" if ok else "error",
+        "retry_count": 0,
+    }
+
+
+def _malformed_event(kind: Malformed, k: int, version: int) -> tuple[str, dict[str, Any]]:
+    prompt = [900 + k, 901 + k]  # unique prompts: the triplet channel collapses identical ones
+    if kind == "error_status":
+        return "model_request", model_request_data(prompt, [5, 6], version=version, http_status=500)
+    if kind == "no_response_tokens":
+        return "model_request", model_request_data(prompt, [], version=version)
+    if kind == "bad_log_probs":
+        return "model_request", model_request_data(prompt, [5, 6, 7], log_probs=[-0.1], version=version)
+    return "reward", {"value": "high"}
+
+
+@dataclass
+class AgentStats:
+    claimed: list[str] = field(default_factory=list[str])
+    finished: list[str] = field(default_factory=list[str])
+    errors: list[str] = field(default_factory=list[str])
+
+
+class FakeAgents:
+    """A pool of fake agents working on one server until :meth:`stop` (or the ``with`` block ends)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        behaviour: Behaviour | None = None,
+        key: str = TEST_KEY,
+        workers: int = 8,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        self._behaviour: Behaviour = behaviour or AgentBehaviour()
+        self._http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10.0)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fake-agent")
+        self._poll_interval_s = poll_interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._dispatch, name="fake-controller", daemon=True)
+        self._lock = threading.Lock()
+        self._left_queued: set[str] = set()
+        self.stats = AgentStats()
+
+    def start(self) -> FakeAgents:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._http.close()
+
+    def __enter__(self) -> FakeAgents:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _behaviour_for(self, rollout: dict[str, Any]) -> AgentBehaviour:
+        return self._behaviour if isinstance(self._behaviour, AgentBehaviour) else self._behaviour(rollout)
+
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._claim_queued()
+            except httpx.HTTPError as exc:
+                self._record_error(f"poll: {exc!r}")
+            self._stop.wait(self._poll_interval_s)
+
+    def _claim_queued(self) -> None:
+        reply = self._http.get("/api/rollouts", params={"state_in": "queuing", "limit": 1000})
+        reply.raise_for_status()
+        for rollout in reply.json():
+            rid = rollout["rollout_id"]
+            if rid in self._left_queued:
+                continue
+            behaviour = self._behaviour_for(rollout)
+            if behaviour.outcome == "never_start":
+                self._left_queued.add(rid)
+                continue
+            claim = self._http.patch(f"/api/rollouts/{rid}", json={"status": {"state": "running"}})
+            if claim.status_code != 200:
+                continue  # someone else claimed it, or it was deleted meanwhile
+            with self._lock:
+                self.stats.claimed.append(rid)
+            self._pool.submit(self._run, claim.json(), behaviour)
+
+    def _run(self, rollout: dict[str, Any], behaviour: AgentBehaviour) -> None:
+        rid = rollout["rollout_id"]
+        try:
+            if self._stop.wait(behaviour.delay_s) or behaviour.outcome == "never_finish":
+                return
+            for event_type, data in self._events(behaviour):
+                self._post(rid, event_type, data)
+            final = "succeeded" if behaviour.outcome == "succeeded" else "failed"
+            patch: dict[str, Any] = {"state": final}
+            if final == "failed":
+                patch["error_message"] = "fake agent failed on purpose"
+            self._http.patch(f"/api/rollouts/{rid}", json={"status": patch}).raise_for_status()
+            with self._lock:
+                self.stats.finished.append(rid)
+        except httpx.HTTPError as exc:
+            self._record_error(f"{rid}: {exc!r}")
+
+    def _events(self, behaviour: AgentBehaviour) -> list[tuple[str, dict[str, Any]]]:
+        events: list[tuple[str, dict[str, Any]]] = []
+        context = [1, 2, 3]
+        for turn in range(behaviour.turns):
+            response = [10 + turn, 20 + turn]
+            events.append(
+                (
+                    "model_request",
+                    model_request_data(list(context), response, version=behaviour.weight_version),
+                )
+            )
+            context = [*context, *response, 30 + turn]
+        events.extend(
+            _malformed_event(kind, k, behaviour.weight_version) for k, kind in enumerate(behaviour.malformed)
+        )
+        if behaviour.reward is not None:
+            events.append(("reward", {"value": behaviour.reward, "source": "agent"}))
+        return events
+
+    def _post(self, rid: str, event_type: str, data: dict[str, Any]) -> None:
+        reply = self._http.post(
+            f"/api/rollouts/{rid}/attempt/0/events", json={"event_type": event_type, "data": data}
+        )
+        reply.raise_for_status()
+
+    def _record_error(self, message: str) -> None:
+        logger.debug("fake agent error: %s", message)
+        with self._lock:
+            self.stats.errors.append(message)
+
+
+__all__ = (
+    "AgentBehaviour",
+    "AgentStats",
+    "Behaviour",
+    "FakeAgents",
+    "Malformed",
+    "Outcome",
+    "model_request_data",
+)
