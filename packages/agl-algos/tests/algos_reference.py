@@ -21,7 +21,9 @@ def normalize_by_rollout_loop(
     return out
 
 
-def grpo_loop(scores: list[float], groups: list[Any], norm: bool = True, epsilon: float = 1e-6) -> list[float]:
+def grpo_loop(
+    scores: list[float], groups: list[Any], norm: bool = True, epsilon: float = 1e-6
+) -> list[float]:
     members: dict[Any, list[float]] = defaultdict(list)
     for score, group in zip(scores, groups, strict=True):
         members[group].append(score)

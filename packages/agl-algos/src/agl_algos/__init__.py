@@ -21,7 +21,6 @@ from agl_algos.errors import (
     MissingFieldError,
     RemaxNotSupportedError,
     RolloutConsistencyError,
-    UnsupportedEstimatorError,
 )
 from agl_algos.groups import (
     RowSelection,
@@ -53,7 +52,6 @@ __all__ = (
     "RolloutLayout",
     "RolloutLevelAdvantage",
     "RowSelection",
-    "UnsupportedEstimatorError",
     "__version__",
     "broadcast_rollout_scalars",
     "compute_policy_loss_per_rollout_mean",

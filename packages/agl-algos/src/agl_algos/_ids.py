@@ -59,3 +59,8 @@ def factorize(ids: IdArray, *, name: str) -> Factorized:
         first_rows=first[order].astype(np.int64, copy=False),
         values=uniques[order],
     )
+
+
+def plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds, so error messages show ``'r1'``, not ``np.str_('r1')``."""
+    return value.item() if isinstance(value, np.generic) else value

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from agl_algos._ids import IdArray, as_id_array, factorize
+from agl_algos._ids import IdArray, as_id_array, factorize, plain
 from agl_algos.errors import RolloutConsistencyError
 
 __all__ = (
@@ -115,7 +115,7 @@ def rollout_layout(rollout_ids: IdArray, uids: IdArray, row_rewards: torch.Tenso
         rollout = int(layout.rollout_of_row[uid_bad[0]])
         rows = _rows_of(layout, rollout)
         raise RolloutConsistencyError(
-            f"rollout_id={layout.rollout_ids[rollout]!r}: rows {rows} carry several uid values "
+            f"rollout_id={plain(layout.rollout_ids[rollout])!r}: rows {rows} carry several uid values "
             f"{sorted({str(v) for v in as_id_array(uids, name='uids')[rows]})}; all rows of one rollout must "
             "belong to one GRPO group (give every row of a rollout its sample's data_id)"
         )
@@ -126,7 +126,7 @@ def rollout_layout(rollout_ids: IdArray, uids: IdArray, row_rewards: torch.Tenso
         rollout = int(layout.rollout_of_row[int(reward_bad[0])])
         rows = _rows_of(layout, rollout)
         raise RolloutConsistencyError(
-            f"rollout_id={layout.rollout_ids[rollout]!r}: rows {rows} have reward sums "
+            f"rollout_id={plain(layout.rollout_ids[rollout])!r}: rows {rows} have reward sums "
             f"{rewards[rows].tolist()}; all rows of one rollout must share its scalar reward "
             "(put the rollout's final reward on every row's last response token)"
         )
@@ -194,7 +194,7 @@ def extract_rollout_scalars(
     empty = torch.nonzero(counts == 0).flatten()
     if empty.numel():
         raise RolloutConsistencyError(
-            f"rollout_id={ids[int(empty[0])]!r} has no trained token on its representative row, so no "
+            f"rollout_id={plain(ids[int(empty[0])])!r} has no trained token on its representative row, so no "
             "advantage can be read from it; drop rollouts with empty responses before the advantage"
         )
     first = torch.gather(values.detach().float(), 1, mask.to(torch.int64).argmax(-1, keepdim=True))
@@ -202,7 +202,7 @@ def extract_rollout_scalars(
     varying = torch.nonzero(~close.all(-1)).flatten()
     if varying.numel():
         raise RolloutConsistencyError(
-            f"rollout_id={ids[int(varying[0])]!r} got token values that vary along the response; "
+            f"rollout_id={plain(ids[int(varying[0])])!r} got token values that vary along the response; "
             "rollout-level advantage needs an outcome estimator (one scalar per response, e.g. grpo, "
             "rloo, reinforce_plus_plus), or set algorithm.enable_rollout_level_advantage=false"
         )

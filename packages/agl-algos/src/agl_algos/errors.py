@@ -7,7 +7,6 @@ __all__ = (
     "MissingFieldError",
     "RemaxNotSupportedError",
     "RolloutConsistencyError",
-    "UnsupportedEstimatorError",
 )
 
 
@@ -21,10 +20,6 @@ class RolloutConsistencyError(AlgosError, ValueError):
 
 class MissingFieldError(AlgosError, ValueError):
     """A batch lacks a tensor or non-tensor field an algorithm needs."""
-
-
-class UnsupportedEstimatorError(AlgosError, ValueError):
-    """An advantage estimator cannot be used at rollout level."""
 
 
 class RemaxNotSupportedError(AlgosError, NotImplementedError):

@@ -1,0 +1,219 @@
+"""Equivalence with verl and registration into its policy-loss registry (skipped without verl)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("verl")
+
+from verl import DataProto
+from verl.trainer.ppo import core_algos
+from verl.workers.config import FSDPActorConfig
+
+import agl_algos.verl as agl_verl
+from agl_algos import (
+    MissingFieldError,
+    RemaxNotSupportedError,
+    RolloutConsistencyError,
+    compute_policy_loss_per_rollout_mean,
+    compute_rollout_level_advantage,
+    normalize_advantages_by_rollout,
+)
+
+pytestmark = pytest.mark.verl
+
+
+def actor_config(**overrides: object) -> FSDPActorConfig:
+    return FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **overrides)  # type: ignore[arg-type]
+
+
+def test_registry_lookup_returns_our_loss() -> None:
+    assert core_algos.get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
+
+
+def test_registration_is_idempotent_across_reimport_and_worker_hook() -> None:
+    before = dict(core_algos.POLICY_LOSS_REGISTRY)
+    importlib.reload(agl_verl)
+    agl_verl.register_in_worker()
+    agl_verl.register()
+    assert before == core_algos.POLICY_LOSS_REGISTRY
+    assert agl_verl.WORKER_SETUP_HOOK == "agl_algos.verl.register_in_worker"
+
+
+def test_a_foreign_loss_under_our_name_is_replaced() -> None:
+    core_algos.POLICY_LOSS_REGISTRY["per_rollout_mean"] = core_algos.get_policy_loss_fn("vanilla")
+    agl_verl.register()
+    assert core_algos.get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_grpo_equals_verl_on_the_representatives(data: st.DataObject) -> None:
+    n_rollouts = data.draw(st.integers(1, 12))
+    uids = np.array(
+        data.draw(st.lists(st.sampled_from(["p", "q", "r"]), min_size=n_rollouts, max_size=n_rollouts)),
+        dtype=object,
+    )
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
+    binary = data.draw(st.booleans())
+    scores = (
+        torch.randint(0, 2, (n_rollouts,), generator=gen).float()
+        if binary
+        else torch.randn(n_rollouts, generator=gen)
+    )
+    mask = torch.ones(n_rollouts, 4)
+    rewards = torch.zeros(n_rollouts, 4)
+    rewards[:, -1] = scores
+    norm = data.draw(st.booleans())
+    ours = compute_rollout_level_advantage(
+        rewards, mask, np.arange(n_rollouts), uids, norm_adv_by_std_in_grpo=norm
+    )
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uids, norm_adv_by_std_in_grpo=norm)
+    torch.testing.assert_close(ours.advantages, theirs, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
+    seed: int, dp_size: int, low: float, high: float
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    old, new = torch.randn(6, 10, generator=gen), torch.randn(6, 10, generator=gen)
+    advantages = torch.randn(6, 10, generator=gen)
+    mask = torch.rand(6, 10, generator=gen) > 0.25
+    weights = torch.rand(6, 10, generator=gen)
+    config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
+    config.global_batch_info.update({"dp_size": dp_size, "batch_num_tokens": 1})
+    ours, our_metrics = compute_policy_loss_per_rollout_mean(
+        old, new, advantages, mask, config=config, rollout_is_weights=weights
+    )
+    vanilla = core_algos.get_policy_loss_fn("vanilla")
+    theirs, their_metrics = vanilla(old, new, advantages, mask, "token-mean", config, weights)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+
+
+def data_proto(
+    row_rewards: list[float],
+    mask: torch.Tensor,
+    rollout_ids: list[str],
+    uids: list[str],
+    *,
+    uid_key: str = "uid",
+) -> DataProto:
+    rewards = torch.zeros(mask.shape)
+    rewards[:, -1] = torch.tensor(row_rewards)
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": mask},
+        non_tensors={
+            "rollout_id_list": np.array(rollout_ids, dtype=object),
+            uid_key: np.array(uids, dtype=object),
+        },
+    )
+
+
+def test_data_proto_wrapper_writes_grpo_advantages_and_returns() -> None:
+    mask = torch.tensor([[1, 1, 1], [1, 0, 1], [1, 1, 1], [1, 1, 1]])
+    batch = data_proto([1, 1, 0, 0], mask, ["a", "a", "b", "c"], ["g"] * 4, uid_key="data_id_list")
+    out, metrics = agl_verl.compute_rollout_level_advantage_data_proto(
+        batch, adv_estimator="grpo", num_repeat=3
+    )
+    a, other = (2 / 3) / (math.sqrt(1 / 3) + 1e-6), (-1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    expected = torch.tensor([[a, a, a], [a, 0, a], [other] * 3, [other] * 3])
+    assert out is batch and "uid" not in batch.non_tensor_batch
+    torch.testing.assert_close(batch.batch["advantages"], expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.batch["returns"], expected, rtol=0, atol=1e-6)
+    assert metrics["training/rollout_level_advantage/n_multi_row_rollouts"] == 1
+
+
+def test_data_proto_wrapper_accepts_verl_enum_and_delegates_rloo() -> None:
+    mask = torch.ones(4, 2)
+    batch = data_proto([1, 1, 0, 1], mask, ["a", "a", "b", "c"], ["g"] * 4)
+    agl_verl.compute_rollout_level_advantage_data_proto(
+        batch, adv_estimator=core_algos.AdvantageEstimator.RLOO
+    )
+    # RLOO over a=1, b=0, c=1: each minus the mean of the others -> 0.5, -1, 0.5
+    assert batch.batch["advantages"][:, 0].tolist() == pytest.approx([0.5, 0.5, -1.0, 0.5])
+
+
+def test_data_proto_wrapper_refuses_remax() -> None:
+    batch = data_proto([1.0], torch.ones(1, 2), ["a"], ["g"])
+    with pytest.raises(RemaxNotSupportedError, match="remax"):
+        agl_verl.compute_rollout_level_advantage_data_proto(
+            batch, adv_estimator=core_algos.AdvantageEstimator.REMAX
+        )
+
+
+def test_data_proto_wrapper_rejects_gae_as_token_varying() -> None:
+    batch = data_proto([1.0, 0.0], torch.ones(2, 3), ["a", "b"], ["g", "g"])
+    batch.batch["values"] = torch.tensor([[0.1, 0.5, 0.2], [0.3, 0.0, 0.9]])
+    with pytest.raises(RolloutConsistencyError, match="outcome estimator"):
+        agl_verl.compute_rollout_level_advantage_data_proto(
+            batch, adv_estimator="gae", gamma=1.0, lam=0.9, config={"use_pf_ppo": False}
+        )
+
+
+def test_data_proto_wrapper_names_a_missing_field() -> None:
+    batch = data_proto([1.0], torch.ones(1, 2), ["a"], ["g"])
+    batch.non_tensor_batch.pop("rollout_id_list")
+    with pytest.raises(MissingFieldError, match="rollout_id_list"):
+        agl_verl.compute_rollout_level_advantage_data_proto(batch, adv_estimator="grpo")
+
+
+def test_normalized_advantages_through_verl_registry_weigh_rollouts_equally() -> None:
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
+    advantages = normalize_advantages_by_rollout(
+        torch.ones(3, 4) * mask, mask, ["long", "short", "short"], num_trained_rows=3
+    )
+    log_prob = torch.zeros(3, 4, requires_grad=True)
+    loss_fn = core_algos.get_policy_loss_fn("per_rollout_mean")
+    loss, _ = loss_fn(torch.zeros(3, 4), log_prob, advantages, mask, "token-mean", actor_config(), None)
+    loss.backward()
+    assert log_prob.grad is not None
+    grad = log_prob.grad.sum(-1)
+    assert [grad[0].item(), (grad[1] + grad[2]).item()] == pytest.approx([-1 / 3, -1 / 3])
+
+
+@pytest.mark.parametrize(
+    ("installed", "warns"), [("0.6.0", True), ("0.7.1", False), ("0.9.1", False), ("0.10.0", True)]
+)
+def test_a_verl_outside_the_supported_range_warns(
+    monkeypatch: pytest.MonkeyPatch, installed: str, warns: bool
+) -> None:
+    from agl_algos.verl import _compat
+
+    monkeypatch.setattr(_compat, "version", lambda _name: installed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _compat.warn_if_unsupported()
+    assert any(w.category is RuntimeWarning and installed in str(w.message) for w in caught) == warns
+
+
+def test_an_old_policy_loss_signature_is_refused_with_the_supported_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agl_algos.verl import _compat
+
+    def old_vanilla(
+        old_log_prob: object,
+        log_prob: object,
+        advantages: object,
+        response_mask: object,
+        loss_agg_mode: object,
+        config: object,
+        rollout_log_probs: object,
+    ) -> None:
+        raise AssertionError("never called")
+
+    monkeypatch.setitem(core_algos.POLICY_LOSS_REGISTRY, "vanilla", old_vanilla)
+    monkeypatch.delitem(core_algos.POLICY_LOSS_REGISTRY, "per_rollout_mean")
+    with pytest.raises(RuntimeError, match=r"rollout_log_probs.*>=0.7.1,<0.10"):
+        _compat.register_policy_loss("per_rollout_mean", compute_policy_loss_per_rollout_mean)
