@@ -1,7 +1,48 @@
-"""agl-adapter."""
+"""agl-adapter: multi-turn traces (Triplets) → padded verl training tensors, fast and exact."""
 
 from importlib.metadata import version as _version
 
+from agl_adapter.adapter import TRACE_AGGREGATOR_LEVELS, Metrics, RolloutAdapter, TraceAggregatorLevel
+from agl_adapter.batch import AdapterBatch
+from agl_adapter.errors import EmptyBatchError, InvalidTraceError
+from agl_adapter.mismatch import (
+    MISMATCH_COLUMNS,
+    JsonlMismatchSink,
+    LogMismatchSink,
+    MismatchEntry,
+    MismatchSink,
+    WandbMismatchSink,
+    default_mismatch_sink,
+)
+from agl_adapter.padding import (
+    get_left_padded_ids_and_attention_mask,
+    get_right_padded_ids_and_attention_mask,
+    ids_startswith,
+)
+
 __version__ = _version("agl-adapter")
 
-__all__ = ("__version__",)
+__all__ = (
+    # adapter
+    "RolloutAdapter",
+    "AdapterBatch",
+    "Metrics",
+    "TraceAggregatorLevel",
+    "TRACE_AGGREGATOR_LEVELS",
+    # errors
+    "EmptyBatchError",
+    "InvalidTraceError",
+    # trace-merge mismatches
+    "MISMATCH_COLUMNS",
+    "MismatchEntry",
+    "MismatchSink",
+    "LogMismatchSink",
+    "JsonlMismatchSink",
+    "WandbMismatchSink",
+    "default_mismatch_sink",
+    # list helpers
+    "ids_startswith",
+    "get_left_padded_ids_and_attention_mask",
+    "get_right_padded_ids_and_attention_mask",
+    "__version__",
+)

@@ -1,0 +1,148 @@
+"""The padded training batch: typed tensors and arrays, verl-free, with a conversion to verl's DataProto."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from agl_adapter._rows import TrainingRow
+
+if TYPE_CHECKING:
+    from verl import DataProto
+
+logger = logging.getLogger("agl_adapter")
+
+_NON_TENSOR_FIELDS = ("data_id_list", "rollout_id_list", "turn_index_list")
+
+
+@dataclass(frozen=True)
+class AdapterBatch:
+    """One verl training batch of N rows; P = max_prompt_length, R = max_response_length.
+
+    Tensors: ``prompts`` (N, P) long, left-padded; ``responses`` (N, R) long, right-padded (model
+    tokens and tool observations); ``input_ids``, ``attention_mask``, ``position_ids`` (N, P+R) long;
+    ``response_mask`` (N, R) long, 1 = model token; ``is_drop_mask`` (N,) bool, prompt overflow;
+    ``token_level_scores`` (N, R) float32, the row reward on its last response token;
+    ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs.
+    Arrays: ``data_id_list``, ``rollout_id_list`` (N,) object (str); ``turn_index_list`` (N,) int64
+    at transition level, else None.
+    """
+
+    prompts: torch.Tensor
+    responses: torch.Tensor
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    is_drop_mask: torch.Tensor
+    token_level_scores: torch.Tensor
+    rollout_log_probs: torch.Tensor | None
+    data_id_list: NDArray[np.object_]
+    rollout_id_list: NDArray[np.object_]
+    turn_index_list: NDArray[np.int64] | None
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The batch's tensors by verl key; ``rollout_log_probs`` only when present."""
+        out: dict[str, torch.Tensor] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, torch.Tensor):
+                out[field.name] = value
+        return out
+
+    def non_tensors(self) -> dict[str, NDArray[Any]]:
+        """The per-row numpy arrays by verl key; ``turn_index_list`` only at transition level."""
+        out: dict[str, NDArray[Any]] = {}
+        for name in _NON_TENSOR_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    def to(self, device: torch.device | str) -> AdapterBatch:
+        """The same batch with every tensor on ``device``."""
+        moved = {name: tensor.to(device) for name, tensor in self.tensors().items()}
+        return replace(self, **moved)
+
+    def to_data_proto(self) -> DataProto:
+        """verl's ``DataProto``: a TensorDict of the tensors (batch_size N), numpy arrays, empty meta_info."""
+        try:
+            from tensordict import TensorDict
+            from verl import DataProto
+        except ImportError as exc:
+            raise ImportError(
+                "AdapterBatch.to_data_proto needs verl; install it with `pip install 'agl-adapter[verl]'`"
+            ) from exc
+        batch = TensorDict(self.tensors(), batch_size=[len(self)])
+        return DataProto(batch=batch, non_tensor_batch=self.non_tensors(), meta_info={})
+
+
+def assemble_batch(
+    rows: Sequence[TrainingRow],
+    *,
+    max_prompt_length: int,
+    max_response_length: int,
+    pad_token_id: int,
+    include_turn_index: bool,
+) -> AdapterBatch:
+    """Pad rows into the batch tensors; one numpy copy per row and array, no per-token Python work.
+
+    ``position_ids`` is computed in closed form, ``clip(col - first_valid_col, 0, n_valid - 1)``,
+    which equals verl's ``clamp(cumsum(attention_mask) - 1, min=0)`` for a contiguous mask.
+    """
+    n, p, r = len(rows), max_prompt_length, max_response_length
+    input_ids = np.full((n, p + r), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((n, p + r), dtype=np.int64)
+    response_mask = np.zeros((n, r), dtype=np.int64)
+    has_log_probs = [row.log_probs is not None for row in rows]
+    log_probs = np.zeros((n, r), dtype=np.float32) if all(has_log_probs) else None
+    if any(has_log_probs) and log_probs is None:
+        logger.warning(
+            "%d of %d rows lack log-probs; omitting rollout_log_probs from the batch",
+            has_log_probs.count(False),
+            n,
+        )
+    starts = np.empty(n, dtype=np.int64)
+    ends = np.empty(n, dtype=np.int64)
+    for i, row in enumerate(rows):
+        start, n_response = p - len(row.prompt), len(row.response)
+        starts[i], ends[i] = start, p + n_response
+        input_ids[i, start:p] = row.prompt
+        input_ids[i, p : p + n_response] = row.response
+        attention_mask[i, start : p + n_response] = 1
+        response_mask[i, :n_response] = row.response_mask
+        if log_probs is not None and row.log_probs is not None:
+            log_probs[i, :n_response] = row.log_probs
+    position_ids = np.empty((n, p + r), dtype=np.int64)
+    np.subtract(np.arange(p + r, dtype=np.int64)[None, :], starts[:, None], out=position_ids)
+    np.clip(position_ids, 0, (ends - starts - 1)[:, None], out=position_ids)
+    scores = np.zeros((n, r), dtype=np.float32)
+    scores[np.arange(n), ends - p - 1] = np.array([row.reward for row in rows], dtype=np.float32)
+    return AdapterBatch(
+        prompts=torch.from_numpy(input_ids[:, :p].copy()),
+        responses=torch.from_numpy(input_ids[:, p:].copy()),
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attention_mask),
+        position_ids=torch.from_numpy(position_ids),
+        response_mask=torch.from_numpy(response_mask),
+        is_drop_mask=torch.from_numpy(np.array([row.is_drop for row in rows], dtype=np.bool_)),
+        token_level_scores=torch.from_numpy(scores),
+        rollout_log_probs=None if log_probs is None else torch.from_numpy(log_probs),
+        data_id_list=np.array([row.data_id for row in rows], dtype=object),
+        rollout_id_list=np.array([row.rollout_id for row in rows], dtype=object),
+        turn_index_list=np.array([row.turn_index for row in rows], dtype=np.int64)
+        if include_turn_index
+        else None,
+    )
+
+
+__all__ = ("AdapterBatch", "assemble_batch")

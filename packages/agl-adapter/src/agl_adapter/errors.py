@@ -1,0 +1,19 @@
+"""The adapter's exceptions; each message names the rollout, the turn or the count, and the fix."""
+
+from __future__ import annotations
+
+
+class InvalidTraceError(TypeError):
+    """A triplet holds ids or log-probs of the wrong type (e.g. floats or strings as token ids).
+
+    Raised with the rollout id and turn index, so the agent or the event conversion that
+    produced the trace can be found. Triplets validated by ``agl_types`` never raise this;
+    it guards traces built with ``model_construct`` or mutated after validation.
+    """
+
+
+class EmptyBatchError(RuntimeError):
+    """A training step produced zero rows; the message says why (no traces, all rows empty, all dropped)."""
+
+
+__all__ = ("EmptyBatchError", "InvalidTraceError")
