@@ -37,7 +37,8 @@ class AgentBehaviour:
 
     ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
     would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
-    listed (on top of the valid ones); ``never_finish`` leaves the rollout RUNNING and
+    listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
+one group can differ); ``never_finish`` leaves the rollout RUNNING and
     ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
     """
 
@@ -47,6 +48,7 @@ class AgentBehaviour:
     reward: float | None = 1.0
     malformed: tuple[Malformed, ...] = ()
     weight_version: int = 0
+    token_shift: int = 0
 
 
 Behaviour = AgentBehaviour | Callable[[dict[str, Any]], AgentBehaviour]
@@ -192,7 +194,7 @@ class FakeAgents:
         events: list[tuple[str, dict[str, Any]]] = []
         context = [1, 2, 3]
         for turn in range(behaviour.turns):
-            response = [10 + turn, 20 + turn]
+            response = [10 + turn + behaviour.token_shift, 20 + turn + behaviour.token_shift]
             events.append(
                 (
                     "model_request",

@@ -2,36 +2,42 @@
 
 Why this module exists: verl 0.9 ships no CPU platform. Stock verl assumes an accelerator and dies
 with "Distributed package doesn't have NCCL built in" on a CPU-only machine. Its FSDP engine itself
-runs fine on CPU, so this module supplies the three missing pieces, and nothing else:
+runs on CPU once these missing pieces are supplied, and this module supplies them, nothing else:
 
 1. a ``PlatformBase`` for CPU, registered in verl's platform plugin registry
-   (``verl.plugin.platform``) and made the current platform;
+   (``verl.plugin.platform``) and made the current platform; its "current device" is
+   ``torch.device("cpu")``, since verl moves tensors with ``.to(get_device_id())``;
 2. verl's FSDP engine classes registered for device ``"cpu"`` in verl's engine registry (they are
-   registered for ``cuda`` and ``npu`` only);
-3. worker classes that start the gloo process group before verl does: verl builds its backend
-   string as ``"cpu:gloo,<device>:<backend>"``, which torch rejects when the device is ``cpu``.
+   registered for ``cuda`` and ``npu`` only), with unpinned memory for forward-only modules: the
+   engine gives the reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning memory
+   needs an accelerator;
+3. a worker class that starts the gloo process group before verl does: verl builds its backend
+   string as ``"cpu:gloo,<device>:<backend>"``, which torch rejects when the device is ``cpu``;
+4. the config overrides the CPU needs (:data:`CPU_MODE_OVERRIDES`).
 
 Everything here runs both in the driver and, through :func:`agl_trainer.workers.setup_worker_process`
 (the Ray worker setup hook), in every Ray worker. All of it is idempotent.
 """
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
-from datetime import timedelta
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import psutil
 import torch
 import torch.distributed
+from torch.distributed.fsdp import CPUOffloadPolicy
 from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, set_platform
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+
+from agl_trainer.workers import AglActorRefWorker
 
 __all__ = (
+    "CPU_MODE_OVERRIDES",
     "CPU_PLATFORM_NAME",
-    "CpuActorRolloutRefWorker",
-    "CpuTrainingWorker",
+    "CpuActorRefWorker",
     "PlatformCPU",
     "enable_cpu_platform",
     "register_cpu_engines",
@@ -39,6 +45,29 @@ __all__ = (
 
 CPU_PLATFORM_NAME = "cpu"
 """Name of the platform in verl's registry and the value of ``VERL_PLATFORM`` that selects it."""
+
+_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+CPU_MODE_OVERRIDES: tuple[str, ...] = (
+    "trainer.device=cpu",
+    # FSDP1 refuses CPU parameters with sync_module_states=True; FSDP2 (fully_shard) runs on CPU.
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    # verl's default is flash_attention_2, which needs CUDA.
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    # Remove-padding runs flash-attn varlen kernels.
+    "actor_rollout_ref.model.use_remove_padding=false",
+    # torch.compile on CPU needs a C++ toolchain and minutes per shape; eager is faster here.
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.ref.use_torch_compile=false",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
+    # FSDP's default mixed precision computes in bf16; CPU training runs in fp32.
+    f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
+    f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+    "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+)
+"""Hydra overrides of verl's ``ppo_trainer`` config that the CPU mode needs, each with its reason."""
 
 
 def _zero(*_args: Any, **_kwargs: Any) -> int:
@@ -69,12 +98,15 @@ def _build_device_module() -> ModuleType:
         setattr(module, name, _zero)
     for name in ("empty_cache", "ipc_collect", "set_per_process_memory_fraction", "reset_peak_memory_stats"):
         setattr(module, name, _noop)
-    module.mem_get_info = _mem_get_info
-    module.get_rng_state = torch.get_rng_state
-    module.set_rng_state = torch.set_rng_state
-    module.manual_seed = torch.manual_seed
-    module.manual_seed_all = torch.manual_seed
-    module.get_device_name = lambda *_args: "cpu"
+    extras: dict[str, Any] = {
+        "mem_get_info": _mem_get_info,
+        "get_rng_state": torch.get_rng_state,
+        "set_rng_state": torch.set_rng_state,
+        "manual_seed": torch.manual_seed,
+        "manual_seed_all": torch.manual_seed,
+        "get_device_name": lambda *_args: "cpu",
+    }
+    module.__dict__.update(extras)
     return module
 
 
@@ -142,7 +174,7 @@ class PlatformCPU(PlatformBase):
         return "AGL_CPU_VISIBLE_DEVICES"
 
     @contextmanager
-    def nvtx_range(self, msg: str) -> Iterator[None]:
+    def nvtx_range(self, msg: str) -> Generator[None]:  # pyright: ignore[reportIncompatibleMethodOverride]
         yield
 
     def profiler_start(self) -> None:
@@ -182,18 +214,38 @@ def enable_cpu_platform() -> None:
         set_platform(PlatformCPU())
 
 
+_engines_registered = False
+
+
+@dataclass
+class _UnpinnedCPUOffloadPolicy(CPUOffloadPolicy):
+    """``CPUOffloadPolicy`` that never pins memory (pinning needs an accelerator)."""
+
+    def __post_init__(self) -> None:
+        self.pin_memory = False
+
+
 def register_cpu_engines() -> None:
-    """Register verl's FSDP engines (LM head and value head) for device ``cpu`` (idempotent)."""
+    """Register verl's FSDP engines (LM head and value head) for device ``cpu`` (idempotent).
+
+    Also makes the engine module build its forward-only offload policy unpinned.
+    """
     from verl.workers.engine import EngineRegistry
+    from verl.workers.engine.fsdp import transformer_impl
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
+    global _engines_registered
+    transformer_impl.CPUOffloadPolicy = _UnpinnedCPUOffloadPolicy  # pyright: ignore[reportPrivateImportUsage]
+    if _engines_registered:
+        return
     for model_type, engine_cls in (
         ("language_model", FSDPEngineWithLMHead),
         ("value_model", FSDPEngineWithValueHead),
     ):
-        for backend in ("fsdp", "fsdp2"):
-            by_device = EngineRegistry._engines.setdefault(model_type, {}).setdefault(backend, {})
-            by_device.setdefault(CPU_PLATFORM_NAME, engine_cls)
+        EngineRegistry.register(model_type=model_type, backend=["fsdp", "fsdp2"], device=CPU_PLATFORM_NAME)(
+            engine_cls
+        )
+    _engines_registered = True
 
 
 def _init_gloo_process_group() -> None:
@@ -202,14 +254,11 @@ def _init_gloo_process_group() -> None:
     register_cpu_engines()
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(
-            backend="gloo",
-            rank=int(os.environ["RANK"]),
-            world_size=int(os.environ["WORLD_SIZE"]),
-            timeout=timedelta(seconds=int(os.environ.get("AGL_GLOO_TIMEOUT_S", "1800"))),
+            backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
         )
 
 
-class CpuActorRolloutRefWorker(ActorRolloutRefWorker):
+class CpuActorRefWorker(AglActorRefWorker):
     """verl's actor/ref worker for the CPU mode: gloo is started before verl's ``init_model``.
 
     Use it with role ``"actor"`` or ``"ref"`` only: the CPU mode has no rollout engine.
@@ -222,11 +271,3 @@ class CpuActorRolloutRefWorker(ActorRolloutRefWorker):
             )
         _init_gloo_process_group()
         super().__init__(config, role, **kwargs)
-
-
-class CpuTrainingWorker(TrainingWorker):
-    """verl's training worker (used for the critic) with gloo started first."""
-
-    def __init__(self, config: Any) -> None:
-        _init_gloo_process_group()
-        super().__init__(config)

@@ -5,7 +5,8 @@ transformers all load, without downloading anything. This module trains a small 
 tokenizer on a built-in corpus and saves it with a randomly initialised ``Qwen2ForCausalLM``.
 
 The model keeps its input and output embeddings untied: vLLM on CPU reloads tied embeddings
-wrongly after a weight push, so a tied tiny model would hide or fake weight-sync bugs.
+wrongly after a weight push, so a tied tiny model would hide or fake weight-sync bugs. The config
+records no attention implementation; loaders pick one (the CPU mode passes ``sdpa``).
 """
 
 import json
@@ -63,7 +64,8 @@ def build_tiny_model(
     The folder holds a ``PreTrainedTokenizerFast`` (byte-level BPE, chat template, pad token
     ``<|endoftext|>``, eos token ``<|im_end|>``) and a randomly initialised fp32
     ``Qwen2ForCausalLM`` with untied embeddings, both saved with ``save_pretrained``. The same
-    arguments always give the same tokenizer and the same weights.
+    arguments always give the same tokenizer and the same weights. ``vocab_size`` is an upper
+    bound: training stops when the built-in corpus has no more merges (about 490 tokens).
 
     The folder is written to a temporary sibling and renamed into place, so a folder at ``path``
     is always complete; an existing complete folder built with the same arguments is reused.
@@ -137,19 +139,25 @@ def _write_model(folder: Path, params: dict[str, int]) -> None:
         num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
+        eos_token_id=_token_id(tokenizer, IM_END),
         bos_token_id=None,
-        attn_implementation="sdpa",
         dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(params["seed"])
         model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(folder)
     (folder / _META_FILE).write_text(json.dumps(params, sort_keys=True))
+
+
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if not isinstance(token_id, int):
+        raise TypeError(f"token {token!r} maps to {token_id!r}, not one id")
+    return token_id
 
 
 def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:

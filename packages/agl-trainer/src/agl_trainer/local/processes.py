@@ -10,6 +10,7 @@ killed trainer leaves no server behind.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
@@ -131,13 +132,12 @@ class ChildProcess:
             return None
         if process.poll() is None:
             _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            if not _wait_unreaped(process.pid, grace):
                 _signal_group(process.pid, signal.SIGKILL)
-                process.wait()
-        # The leader may be gone while grandchildren of its group linger.
-        _signal_group(process.pid, signal.SIGKILL)
+            # The leader is a zombie now, so its pid (the group id) cannot be reused yet: kill
+            # whatever of its group outlived it (vLLM's engine core), then reap it.
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
         with _live_lock:
             _live.discard(self)
         return process.returncode
@@ -152,10 +152,18 @@ class ChildProcess:
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+
+
+def _wait_unreaped(pid: int, timeout: float) -> bool:
+    """Wait until ``pid`` exits without reaping it; False on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _die_with_parent() -> None:

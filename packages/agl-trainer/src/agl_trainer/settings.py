@@ -1,0 +1,130 @@
+"""The ``agentlightning`` section of the config as typed settings, and start-up validation.
+
+Every invalid combination fails here with a ``ValueError`` naming the key, before Ray starts
+or any rollout is spent (the reference raises some of these only after a round of rollouts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
+PER_ROLLOUT_MEAN = "per_rollout_mean"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AglSettings:
+    """What agl reads from ``agentlightning.*`` (and the few verl keys it interprets)."""
+
+    agl_base_url: str
+    agl_key: str
+    hooks: str | None
+    rollout_timeout_seconds: float
+    poll_interval_seconds: float
+    local_agent_class: str | None
+    local_env_map: dict[str, str]
+    k8s_job_template_path: str | None
+    reward_fillna_value: float
+    drop_failed_rollouts: bool
+    max_ppo_update_times: int | None
+    level: str
+    max_prompt_length: int
+    max_response_length: int
+    async_enabled: bool
+    async_train_batch_size: int | None
+    drain_timeout_seconds: float
+    external_endpoints: tuple[str, ...]
+    weights_dir: str | None
+
+    @classmethod
+    def from_config(cls, config: DictConfig) -> AglSettings:
+        agl = config.agentlightning
+        level = str(agl.trace_aggregator.level)
+        if level == "trajectory":
+            prompt_len = agl.trace_aggregator.get(
+                "trajectory_max_prompt_length", config.data.max_prompt_length
+            )
+            response_len = agl.trace_aggregator.get(
+                "trajectory_max_response_length", config.data.max_response_length
+            )
+        else:
+            prompt_len, response_len = config.data.max_prompt_length, config.data.max_response_length
+        external = agl.get("external_servers") or {}
+        env_map: Any = OmegaConf.to_container(agl.local.env_map) if agl.local.env_map else {}
+        return cls(
+            agl_base_url=str(agl.agl_base_url),
+            agl_key=str(agl.agl_key or ""),
+            hooks=agl.hooks,
+            rollout_timeout_seconds=float(agl.rollout_timeout_seconds),
+            poll_interval_seconds=float(agl.get("poll_interval_seconds", 1.0)),
+            local_agent_class=agl.local.agent_class,
+            local_env_map={str(k): str(v) for k, v in env_map.items()},
+            k8s_job_template_path=agl.k8s.job_template_path,
+            reward_fillna_value=float(agl.reward_fillna_value),
+            drop_failed_rollouts=bool(agl.get("drop_failed_rollouts", False)),
+            max_ppo_update_times=agl.max_ppo_update_times,
+            level=level,
+            max_prompt_length=int(prompt_len),
+            max_response_length=int(response_len),
+            async_enabled=bool(agl.async_rollout.enabled),
+            async_train_batch_size=agl.async_rollout.async_train_batch_size,
+            drain_timeout_seconds=float(agl.get("drain_timeout_seconds", 600)),
+            external_endpoints=tuple(str(e) for e in external.get("endpoints", []) or []),
+            weights_dir=external.get("weights_dir"),
+        )
+
+
+def validate_config(config: DictConfig) -> AglSettings:
+    """Check every combination agl cannot train with; return the typed settings.
+
+    Raises ``ValueError`` naming the offending key and what would fix it.
+    """
+    settings = AglSettings.from_config(config)
+    train_batch_size = int(config.data.train_batch_size)
+    if settings.level not in TRACE_AGGREGATOR_LEVELS:
+        raise ValueError(
+            f"agentlightning.trace_aggregator.level is {settings.level!r}; "
+            f"supported: {list(TRACE_AGGREGATOR_LEVELS)}"
+        )
+    if settings.async_enabled and (
+        settings.async_train_batch_size is None or settings.async_train_batch_size <= train_batch_size
+    ):
+        raise ValueError(
+            f"agentlightning.async_rollout.async_train_batch_size ({settings.async_train_batch_size}) must be "
+            f"> data.train_batch_size ({train_batch_size}) when agentlightning.async_rollout.enabled=true"
+        )
+    if str(config.algorithm.adv_estimator).lower() == "remax":
+        raise ValueError(
+            "algorithm.adv_estimator=remax is not supported by agl (its baseline needs in-process greedy "
+            "generation); use grpo, rloo or another outcome estimator"
+        )
+    if settings.max_ppo_update_times is not None and settings.max_ppo_update_times < 1:
+        raise ValueError(
+            f"agentlightning.max_ppo_update_times must be null or >= 1, got {settings.max_ppo_update_times}"
+        )
+    if settings.rollout_timeout_seconds <= 0:
+        raise ValueError(
+            f"agentlightning.rollout_timeout_seconds must be > 0, got {settings.rollout_timeout_seconds}"
+        )
+    _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
+    return settings
+
+
+def _check_loss_mode_registered(loss_mode: str) -> None:
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    from agl_algos.verl import register
+
+    register()
+
+    if loss_mode not in POLICY_LOSS_REGISTRY:
+        raise ValueError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode!r} is not registered in verl; "
+            f"registered: {sorted(POLICY_LOSS_REGISTRY)}"
+        )
+
+
+__all__ = ("PER_ROLLOUT_MEAN", "TRACE_AGGREGATOR_LEVELS", "AglSettings", "validate_config")

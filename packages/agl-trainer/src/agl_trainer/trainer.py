@@ -1,0 +1,440 @@
+"""``AglRayPPOTrainer``: verl's ``RayPPOTrainer`` with rollouts collected from real agents.
+
+verl keeps the optimiser, FSDP, KL, checkpointing and the worker RPCs; what changes is where a
+step's data comes from: rollouts queued on agl-server and run by agents anywhere, their
+``model_request`` events turned into training rows by agl-adapter, with agl-algos' rollout-level
+advantage and per-rollout-mean loss. The step, in order, is :meth:`AglRayPPOTrainer.train_step`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+from verl import DataProto
+from verl.single_controller.ray import RayWorkerGroup
+from verl.trainer.ppo.core_algos import get_kl_controller
+from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer, apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.utils import Role
+from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+from verl.utils.tracking import Tracking
+
+from agl_adapter import EmptyBatchError, RolloutAdapter
+from agl_algos import (
+    grpo_group_metrics,
+    mini_batch_keep_count,
+    normalize_advantages_by_rollout,
+    row_rewards_from_scores,
+    select_rows_to_keep,
+)
+from agl_algos.verl import compute_rollout_level_advantage_data_proto
+from agl_rollout import (
+    AglClient,
+    AsyncRolloutManager,
+    AsyncRolloutState,
+    BatchTopUp,
+    RolloutManagerConfig,
+    SyncRolloutManager,
+    load_hooks,
+    model_registrations,
+    pause_and_drain,
+)
+from agl_trainer.datasets import collate_rows
+from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, validate_config
+from agl_trainer.weights import NoWeightPush, WeightPusher
+from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
+from agl_types import CompletedRollout
+
+logger = logging.getLogger(__name__)
+
+_STATE_FILE = "agl_state.json"
+
+
+class AglRayPPOTrainer(RayPPOTrainer):
+    """GRPO on agent rollouts; see the module docstring.
+
+    ``endpoints`` are the OpenAI base URLs of the inference servers agents reach through the
+    gateway; ``weight_pusher`` makes them serve the actor's weights after each update.
+    """
+
+    def __init__(
+        self,
+        config: DictConfig,
+        tokenizer: Any,
+        *,
+        train_dataset: Any,
+        val_dataset: Any,
+        endpoints: list[str],
+        weight_pusher: WeightPusher | None = None,
+    ) -> None:
+        self.settings: AglSettings = validate_config(config)
+        if not endpoints:
+            raise ValueError(
+                "agentlightning.external_servers.endpoints is empty: give the OpenAI base URL of at least one "
+                "inference server (e.g. http://127.0.0.1:8000/v1)"
+            )
+        super().__init__(
+            config=config,
+            tokenizer=tokenizer,
+            role_worker_mapping={Role.ActorRollout: AglActorRefWorker},
+            resource_pool_manager=None,  # type: ignore[arg-type]  (workers are built by build_policy_workers)
+            ray_worker_group_cls=RayWorkerGroup,
+            train_dataset=train_dataset,
+            val_dataset=val_dataset,
+            collate_fn=collate_rows,
+        )
+        if self.use_critic:
+            raise ValueError(
+                f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs a critic, which agl does not "
+                "build yet; use an outcome estimator such as grpo"
+            )
+        self.endpoints = list(endpoints)
+        self.weight_pusher: WeightPusher = weight_pusher or NoWeightPush()
+        self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
+        self.hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
+        if self.hooks is not None:
+            self.hooks.on_startup()
+        manager_config = RolloutManagerConfig(
+            train_rollout_n=int(config.actor_rollout_ref.rollout.n),
+            rollout_timeout_seconds=self.settings.rollout_timeout_seconds,
+            poll_interval_seconds=self.settings.poll_interval_seconds,
+            local_agent_class=self.settings.local_agent_class,
+            local_env_map=self.settings.local_env_map,
+            k8s_job_template_path=self.settings.k8s_job_template_path,
+        )
+        self.sync_manager = SyncRolloutManager(self.client, manager_config, hooks=self.hooks)
+        self.async_manager: AsyncRolloutManager | None = None
+        if self.settings.async_enabled:
+            self.async_manager = AsyncRolloutManager(
+                self.client,
+                manager_config,
+                train_batch_size=int(config.data.train_batch_size),
+                async_train_batch_size=self.settings.async_train_batch_size,
+                hooks=self.hooks,
+            )
+        self._top_up = BatchTopUp(lambda: iter(self.train_dataloader))
+        self._train_iter = iter(self.train_dataloader)
+        self.adapter = RolloutAdapter(
+            max_prompt_length=self.settings.max_prompt_length,
+            max_response_length=self.settings.max_response_length,
+            pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+            trace_aggregator_level=self.settings.level,
+            reward_fillna_value=self.settings.reward_fillna_value,
+            tokenizer=tokenizer,
+            drop_failed_rollouts=self.settings.drop_failed_rollouts,
+        )
+        self.weight_version = 0
+        self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
+        self.policy_workers: PolicyWorkers | None = None
+
+    # ---- workers -------------------------------------------------------------------------------
+
+    def init_workers(self) -> None:
+        """Build verl's actor (and ref) workers only: generation happens on external servers."""
+        workers = build_policy_workers(self.config, use_reference_policy=self.use_reference_policy)
+        self.policy_workers = workers
+        self.actor_rollout_wg = workers.actor
+        if workers.ref is not None:
+            self.ref_policy_wg = workers.ref
+        self.distillation_config = None  # pyright: ignore[reportAttributeAccessIssue]  (no distillation)
+        loss_mode = str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode)
+        if loss_mode == PER_ROLLOUT_MEAN:
+            seen = workers.describe_policy_loss()
+            if not all(name.endswith("compute_policy_loss_per_rollout_mean") for name in seen):
+                raise RuntimeError(
+                    f"the actor workers resolve loss_mode={loss_mode!r} to {seen}; the Ray worker setup hook "
+                    "did not register agl's loss (run through agl_trainer.run_ppo)"
+                )
+
+    def shutdown(self) -> None:
+        """Stop the workers and close the server client; the Ray cluster itself stays up."""
+        if self.policy_workers is not None:
+            self.policy_workers.shutdown()
+            self.policy_workers = None
+        self.client.close()
+
+    @property
+    def workers(self) -> PolicyWorkers:
+        if self.policy_workers is None:
+            raise RuntimeError("init_workers() has not been called")
+        return self.policy_workers
+
+    # ---- collection ------------------------------------------------------------------------------
+
+    def _next_train_batch(self) -> dict[str, list[Any]]:
+        if self.async_manager is not None:
+            return (
+                self._top_up.next_batch(max(self.async_manager.shortfall(), 0))
+                if self.async_manager.shortfall()
+                else {}
+            )
+        try:
+            return next(self._train_iter)
+        except StopIteration:
+            self._train_iter = iter(self.train_dataloader)
+            return next(self._train_iter)
+
+    def _models(self) -> list[Any]:
+        model = str(
+            self.config.agentlightning.get("served_model_name") or self.config.actor_rollout_ref.model.path
+        )
+        return model_registrations(model, self.endpoints, version=self.weight_version)
+
+    def collect(
+        self, batch: dict[str, list[Any]], *, is_train: bool
+    ) -> tuple[list[CompletedRollout], dict[str, float]]:
+        """Run one batch of rollouts through the gateway and drain it afterwards.
+
+        The gateway is resumed before and paused and drained after, in both modes, so no model
+        call is in flight while the weights change (sync mode has nothing left to abort then).
+        """
+        self.client.resume()
+        if is_train and self.async_manager is not None:
+            result = self.async_manager.enqueue_and_wait_until_group_completed(
+                batch, step=self.global_steps, models=self._models()
+            )
+        else:
+            result = self.sync_manager.enqueue_and_wait_until_completed(
+                batch, is_train=is_train, step=self.global_steps, models=self._models()
+            )
+        drain = pause_and_drain(
+            self.client,
+            f"rollout_done step={self.global_steps}",
+            timeout_s=self.settings.drain_timeout_seconds,
+        )
+        return result.completed, {**result.metrics, **drain}
+
+    # ---- one training step -----------------------------------------------------------------------
+
+    def train_step(self, timing: dict[str, float]) -> dict[str, Any]:
+        """Collect, adapt, cut, score, update, push. Returns the step's metrics.
+
+        A step whose batch ends up with zero trainable rows logs why and returns its metrics
+        without an update; the caller still validates and checkpoints on schedule.
+        """
+        metrics: dict[str, Any] = {"timing/step_start_wall": time.time()}
+        with marked_timer("gen", timing):
+            completed, rollout_metrics = self.collect(self._next_train_batch(), is_train=True)
+        metrics.update(rollout_metrics)
+        with marked_timer("adapter", timing):
+            try:
+                built, adapter_metrics = self.adapter.build_batch(completed, global_steps=self.global_steps)
+            except EmptyBatchError as err:
+                logger.warning("step %d has no training rows: %s", self.global_steps, err)
+                metrics["training/n_sample_trained"] = 0
+                return metrics
+        metrics.update(adapter_metrics)
+        batch = self._cut_batch(built.to_data_proto(), metrics)
+        if batch is None:
+            return metrics
+        batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics=metrics)
+        with marked_timer("old_log_prob", timing):
+            old = self.workers.compute_log_prob(batch)
+            old.batch.pop("entropys")
+            batch = batch.union(old)
+        if self.use_reference_policy:
+            with marked_timer("ref", timing):
+                batch = batch.union(self.workers.compute_ref_log_prob(batch))
+        with marked_timer("adv", timing):
+            self._compute_advantages(batch, metrics)
+        if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
+            batch.batch["advantages"] = normalize_advantages_by_rollout(
+                batch.batch["advantages"],
+                batch.batch["response_mask"],
+                batch.non_tensor_batch["rollout_id_list"],
+                num_trained_rows=len(batch),
+            )
+        with marked_timer("update_actor", timing):
+            actor_metrics = self.workers.update_actor(batch)
+        metrics.update(
+            reduce_metrics(
+                {f"actor/{k}" if not k.startswith("actor/") else k: v for k, v in actor_metrics.items()}
+            )
+        )
+        self.weight_version = self.global_steps
+        with marked_timer("update_weights", timing):
+            metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
+        metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
+        return metrics
+
+    def _cut_batch(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto | None:
+        """uid = data_id; drop prompt-overflow rows; cut to a multiple of the mini-batch, same-reward first."""
+        batch.non_tensor_batch["uid"] = np.array(batch.non_tensor_batch["data_id_list"], dtype=object)
+        metrics["training/n_sample_collected"] = len(batch)
+        keep = (~batch.batch["is_drop_mask"]).nonzero(as_tuple=True)[0]
+        metrics["training/n_sample_dropped/marked"] = len(batch) - len(keep)
+        if len(keep) < len(batch):
+            batch = _select(batch, keep)
+        actor = self.config.actor_rollout_ref.actor
+        mini_batch_rows = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
+        n_keep = mini_batch_keep_count(
+            len(batch), mini_batch_rows, max_ppo_update_times=self.settings.max_ppo_update_times
+        )
+        selection = select_rows_to_keep(
+            batch.non_tensor_batch["uid"],
+            row_rewards_from_scores(batch.batch["token_level_scores"]),
+            n_keep,
+            self._rng,
+        )
+        metrics.update(selection.metrics())
+        if len(selection.keep) == 0:
+            logger.warning(
+                "step %d: no trainable rows after dropping and flooring to a multiple of %d rows "
+                "(ppo_mini_batch_size x rollout.n); the step trains nothing",
+                self.global_steps,
+                mini_batch_rows,
+            )
+            return None
+        if len(selection.keep) < len(batch):
+            batch = _select(batch, torch.as_tensor(selection.keep))
+        return batch
+
+    def _compute_advantages(self, batch: DataProto, metrics: dict[str, Any]) -> None:
+        algorithm = self.config.algorithm
+        if algorithm.use_kl_in_reward:
+            if not hasattr(self, "kl_ctrl_in_reward"):
+                self.kl_ctrl_in_reward = get_kl_controller(algorithm.kl_ctrl)
+            batch, kl_metrics = apply_kl_penalty(
+                batch,
+                kl_ctrl=self.kl_ctrl_in_reward,  # pyright: ignore[reportArgumentType]  (fixed or adaptive)
+                kl_penalty=algorithm.kl_penalty,
+            )
+            metrics.update(kl_metrics)
+        else:
+            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+        kwargs: dict[str, Any] = {
+            "adv_estimator": algorithm.adv_estimator,
+            "gamma": algorithm.gamma,
+            "lam": algorithm.lam,
+            "num_repeat": int(self.config.actor_rollout_ref.rollout.n),
+            "norm_adv_by_std_in_grpo": algorithm.get("norm_adv_by_std_in_grpo", True),
+            "config": algorithm,
+        }
+        if algorithm.get("enable_rollout_level_advantage", False):
+            _, adv_metrics = compute_rollout_level_advantage_data_proto(batch, **kwargs)
+            metrics.update(adv_metrics)
+        else:
+            compute_advantage(batch, **kwargs)
+        metrics.update(
+            grpo_group_metrics(
+                batch.non_tensor_batch["uid"], row_rewards_from_scores(batch.batch["token_level_scores"])
+            )
+        )
+        metrics["critic/n_transition_after_dropping"] = len(batch)
+        metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+
+    # ---- validation, checkpoints, loop -------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        """Run every validation batch through the rollout path; metrics over all of them at once."""
+        completed: list[CompletedRollout] = []
+        drain: dict[str, float] = {}
+        for batch in self.val_dataloader:
+            rollouts, drain = self.collect(batch, is_train=False)
+            completed.extend(rollouts)
+        return {
+            **self.adapter.get_test_metrics(completed, global_steps=self.global_steps),
+            **_val_prefixed(drain),
+        }
+
+    def _save_checkpoint(self) -> None:
+        super()._save_checkpoint()
+        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        state = {
+            "weight_version": self.weight_version,
+            "async_state": self.async_manager.state.model_dump(mode="json") if self.async_manager else None,
+        }
+        (folder / _STATE_FILE).write_text(json.dumps(state))
+
+    def _load_checkpoint(self) -> Any:
+        result = super()._load_checkpoint()
+        if self.global_steps > 0:
+            folder = _checkpoint_folder(self.config, self.global_steps)
+            path = folder / _STATE_FILE
+            if path.exists():
+                state = json.loads(path.read_text())
+                self.weight_version = int(state["weight_version"])
+                if self.async_manager is not None and state["async_state"] is not None:
+                    self.async_manager = AsyncRolloutManager(
+                        self.client,
+                        self.async_manager.config,
+                        train_batch_size=self.async_manager.train_batch_size,
+                        async_train_batch_size=self.async_manager.async_train_batch_size,
+                        hooks=self.hooks,
+                        state=AsyncRolloutState.model_validate(state["async_state"]),
+                    )
+        return result
+
+    def fit(self) -> None:
+        """verl's loop: optional validation first, then steps; validate and save on schedule.
+
+        A step that trained nothing is still logged, and validation and checkpoints still run on
+        schedule, always on the last step (the reference skips all three for such a step).
+        """
+        trainer_cfg = self.config.trainer
+        tracker = Tracking(
+            project_name=trainer_cfg.project_name,
+            experiment_name=trainer_cfg.experiment_name,
+            default_backend=trainer_cfg.logger,
+            config=None,
+        )
+        self.global_steps = 0
+        self._load_checkpoint()
+        if self.global_steps > 0:
+            self.weight_pusher.push(self.workers, self.weight_version)
+        if trainer_cfg.get("val_before_train", True):
+            tracker.log(data=self.validate(), step=self.global_steps)
+            if trainer_cfg.get("val_only", False):
+                return
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
+        self.global_steps += 1
+        while self.global_steps <= self.total_training_steps:
+            timing: dict[str, float] = {}
+            with marked_timer("step", timing):
+                metrics = self.train_step(timing)
+            is_last = self.global_steps >= self.total_training_steps
+            if trainer_cfg.test_freq > 0 and (is_last or self.global_steps % trainer_cfg.test_freq == 0):
+                with marked_timer("testing", timing):
+                    metrics.update(self.validate())
+            if trainer_cfg.save_freq > 0 and (is_last or self.global_steps % trainer_cfg.save_freq == 0):
+                with marked_timer("save_checkpoint", timing):
+                    self._save_checkpoint()
+            metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
+            tracker.log(data=metrics, step=self.global_steps)
+            progress.update(1)
+            self.global_steps += 1
+        progress.close()
+
+
+def _select(batch: DataProto, rows: torch.Tensor) -> DataProto:
+    """The rows ``rows`` (1-D index tensor) of ``batch`` as a new DataProto."""
+    selected = batch[rows]
+    assert isinstance(selected, DataProto)
+    return selected
+
+
+def _val_prefixed(metrics: dict[str, float]) -> dict[str, float]:
+    return {key.replace("training/", "val/", 1): value for key, value in metrics.items()}
+
+
+def _checkpoint_folder(config: DictConfig, step: int) -> Path:
+    root = Path(config.trainer.default_local_dir)
+    if not root.is_absolute():
+        root = Path(os.getcwd()) / root
+    return root / f"global_step_{step}"
+
+
+__all__ = ("AglRayPPOTrainer",)

@@ -1,0 +1,63 @@
+"""Getting new weights to the inference servers after each update.
+
+Path 2 of the trainer (external OpenAI-compatible servers it does not host): the actor's weights
+are saved in Hugging Face format and each vLLM server is asked to reload them from that folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from agl_trainer.local.vllm_client import VllmClient
+from agl_trainer.workers import PolicyWorkers
+
+_PROBE_IDS = tuple(range(1, 9))
+
+
+class WeightPusher(Protocol):
+    """Makes the servers serve the actor's current weights, tagged ``version``."""
+
+    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]: ...
+
+
+class NoWeightPush:
+    """For servers that need no push (e.g. a test's stand-in server)."""
+
+    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        return {}
+
+
+class ExternalVllmPush:
+    """Save HF weights to ``weights_dir/step_<version>`` and reload them on every vLLM server.
+
+    Only the newest folder is kept: once every server has reloaded, older ones are removed.
+    """
+
+    def __init__(self, endpoints: Sequence[str], model: str, weights_dir: Path) -> None:
+        self.endpoints = tuple(endpoints)
+        self.model = model
+        self.weights_dir = Path(weights_dir)
+
+    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        target = self.weights_dir / f"step_{version}"
+        workers.save_hf_weights(target)
+        for endpoint in self.endpoints:
+            with VllmClient(_server_root(endpoint), self.model) as client:
+                # push_weights fails loudly when the served log-probs of the probe did not change.
+                client.push_weights(target, _PROBE_IDS)
+        for old in self.weights_dir.glob("step_*"):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+        return {"training/weight_version": float(version)}
+
+
+def _server_root(endpoint: str) -> str:
+    """``http://host:port/v1`` → ``http://host:port`` (vLLM's admin routes live at the root)."""
+    trimmed = endpoint.rstrip("/")
+    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
+
+
+__all__ = ("ExternalVllmPush", "NoWeightPush", "WeightPusher")

@@ -1,0 +1,291 @@
+"""verl's policy workers (actor and, for KL, reference) without verl's rollout workers.
+
+agl generates with external vLLM servers, so the trainer needs only verl's training side: the
+actor (and ref/critic) workers. Stock ``RayPPOTrainer.init_workers`` also builds verl's own rollout
+replicas, which fails where there is no vLLM (the CPU mode) and is wasted work elsewhere. This
+module builds the same worker groups the way ``init_workers`` does (one colocated Ray actor per
+rank hosting every role), with verl's own worker class, and adds the one worker method the
+external-server weight push needs: :meth:`AglActorRefWorker.save_hf_weights`.
+
+It also holds the Ray worker setup hook, :func:`setup_worker_process`, that every Ray worker runs
+before its first task.
+"""
+
+import importlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+import torch.distributed
+from omegaconf import DictConfig
+from ray.util.placement_group import remove_placement_group
+from tensordict import TensorDict
+from verl import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.base import create_colocated_worker_cls
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+__all__ = (
+    "WORKER_SETUP_HOOK",
+    "WORKER_SETUP_STEPS",
+    "AglActorRefWorker",
+    "PolicyWorkers",
+    "build_policy_workers",
+    "compose_verl_config",
+    "ray_runtime_env",
+    "setup_worker_process",
+)
+
+WORKER_SETUP_HOOK = "agl_trainer.workers.setup_worker_process"
+"""Import path of :func:`setup_worker_process`, for Ray's ``worker_process_setup_hook``."""
+
+_ALGOS_REGISTRATION_MODULE = "agl_algos.verl"
+_ALGOS_REGISTRATION_FUNCTION = "register_in_worker"
+
+# verl's Dispatch is a dynamic enum whose members type checkers cannot see.
+_ONE_TO_ALL: Any = Dispatch.ONE_TO_ALL  # pyright: ignore[reportAttributeAccessIssue]
+
+# Files of a Hugging Face model folder copied next to pushed weights (config, tokenizer, template).
+_HF_SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+
+
+def _enable_cpu_platform_if_selected() -> None:
+    if os.environ.get("VERL_PLATFORM") == "cpu":
+        from agl_trainer._cpu_platform import enable_cpu_platform
+
+        enable_cpu_platform()
+
+
+def _register_agl_algos() -> None:
+    if importlib.util.find_spec(_ALGOS_REGISTRATION_MODULE) is None:
+        return
+    module = importlib.import_module(_ALGOS_REGISTRATION_MODULE)
+    register_fn = getattr(module, _ALGOS_REGISTRATION_FUNCTION, None)
+    if callable(register_fn):
+        register_fn()
+
+
+WORKER_SETUP_STEPS: tuple[Callable[[], None], ...] = (_enable_cpu_platform_if_selected, _register_agl_algos)
+"""What :func:`setup_worker_process` runs, in order: the CPU platform first (it must precede any
+verl module that reads the device at import), then agl-algos' registrations into verl."""
+
+
+def setup_worker_process() -> None:
+    """Ray worker setup hook: prepare verl in a fresh worker process.
+
+    Runs every step of :data:`WORKER_SETUP_STEPS`. Each step is idempotent, so the hook is also
+    safe to call in the driver.
+    """
+    for step in WORKER_SETUP_STEPS:
+        step()
+
+
+def ray_runtime_env(device: str) -> dict[str, Any]:
+    """The ``runtime_env`` for ``ray.init``: the setup hook and the env vars the workers need.
+
+    ``device`` is ``trainer.device``; ``"cpu"`` selects the CPU platform in every worker.
+    """
+    env_vars = {"TOKENIZERS_PARALLELISM": "false", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    if device == "cpu":
+        env_vars["VERL_PLATFORM"] = "cpu"
+    return {"worker_process_setup_hook": WORKER_SETUP_HOOK, "env_vars": env_vars}
+
+
+def compose_verl_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose verl's own ``ppo_trainer`` Hydra config with ``overrides`` (Hydra override syntax)."""
+    from hydra import compose, initialize_config_dir
+
+    from agl_trainer._compat import verl_config_dir
+
+    with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+class AglActorRefWorker(ActorRolloutRefWorker):
+    """verl's actor/ref worker plus what agl's external-server path and start-up checks need."""
+
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def save_hf_weights(self, path: str) -> int:
+        """Save the actor's full weights as a Hugging Face folder at ``path``; return the tensor count.
+
+        Every rank takes part in gathering the sharded weights; rank 0 writes
+        ``model.safetensors`` plus the config and tokenizer files of the original model folder, so
+        that vLLM (``reload_weights`` with ``weights_path``) or transformers can load the folder.
+        """
+        if self.actor is None:
+            raise RuntimeError("save_hf_weights needs role 'actor'; this worker has role " + repr(self.role))
+        from safetensors.torch import save_file
+
+        is_writer = torch.distributed.get_rank() == 0
+        per_tensor, _ = self.actor.engine.get_per_tensor_param()
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in per_tensor:
+            if is_writer:
+                state[name] = tensor.detach().to("cpu").contiguous()
+        count = len(state)
+        if is_writer:
+            target = Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            _copy_hf_side_files(Path(self.actor.model_config.local_path), target)
+            partial = target / "model.safetensors.partial"
+            save_file(state, str(partial), metadata={"format": "pt"})
+            os.replace(partial, target / "model.safetensors")
+        torch.distributed.barrier()
+        return count
+
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def describe_policy_loss(self) -> str:
+        """``module.qualname`` of the policy-loss function this worker's verl resolves for its config.
+
+        The trainer checks it at start-up: a custom loss mode registered in the driver but not in
+        the workers (a missing setup hook) would otherwise fail only at the first update.
+        """
+        loss_fn = get_policy_loss_fn(self.config.actor.policy_loss.loss_mode)
+        return f"{loss_fn.__module__}.{loss_fn.__qualname__}"
+
+
+def _copy_hf_side_files(source: Path, target: Path) -> None:
+    for item in source.iterdir():
+        is_index = item.name.endswith(".index.json")
+        if item.is_file() and item.suffix in _HF_SIDE_FILE_SUFFIXES and not is_index:
+            shutil.copy2(item, target / item.name)
+
+
+@dataclass(frozen=True)
+class PolicyWorkers:
+    """The actor worker group and, when the config needs one, the reference worker group.
+
+    ``actor`` and ``ref`` are verl ``RayWorkerGroup`` s over the same Ray actors (one per rank), as
+    ``RayPPOTrainer`` holds them in ``actor_rollout_wg`` and ``ref_policy_wg``.
+    """
+
+    config: DictConfig
+    # RayWorkerGroup instances; their worker methods are bound at spawn time, so typed as Any.
+    actor: Any
+    ref: Any | None
+    pool: RayResourcePool
+
+    def shutdown(self) -> None:
+        """Kill the worker processes and free their placement groups (their CPUs/GPUs)."""
+        for worker in self.actor.workers:
+            ray.kill(worker)
+        for group in self.pool.pgs or []:
+            remove_placement_group(group)
+
+    def _no_padding(self, batch: DataProto) -> TensorDict:
+        """``batch`` as verl's no-padding TensorDict, with the sampling temperature verl's engine reads.
+
+        The temperature defaults to ``actor_rollout_ref.rollout.temperature`` (the one the servers
+        sampled with); ``batch`` itself is left unchanged.
+        """
+        meta_info = {"temperature": self.config.actor_rollout_ref.rollout.temperature, **batch.meta_info}
+        shallow = DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info=meta_info)
+        return left_right_2_no_padding(shallow.to_tensordict())
+
+    def compute_log_prob(self, batch: DataProto) -> DataProto:
+        """Actor log-probs of ``batch``'s responses: ``old_log_probs`` and ``entropys``, (B, R)."""
+        batch_td = self._no_padding(batch)
+        tu.assign_non_tensor(batch_td, calculate_entropy=True, compute_loss=False)
+        output = self.actor.compute_log_prob(batch_td)
+        result: dict[str, Any] = {
+            "old_log_probs": no_padding_2_padding(tu.get(output, "log_probs"), batch_td).float(),
+            "entropys": no_padding_2_padding(tu.get(output, "entropy"), batch_td).float(),
+        }
+        return DataProto.from_tensordict(tu.get_tensordict(result))
+
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """Reference log-probs of ``batch``'s responses: ``ref_log_prob``, (B, R)."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob needs a reference worker; the config uses no KL.")
+        batch_td = self._no_padding(batch)
+        tu.assign_non_tensor(batch_td, calculate_entropy=False, compute_loss=False)
+        output = self.ref.compute_ref_log_prob(batch_td)
+        log_probs = no_padding_2_padding(tu.get(output, "log_probs"), batch_td).float()
+        return DataProto.from_tensordict(tu.get_tensordict({"ref_log_prob": log_probs}))
+
+    def update_actor(self, batch: DataProto) -> dict[str, Any]:
+        """One PPO update of the actor on ``batch``; returns verl's actor metrics.
+
+        ``batch`` holds the rollout tensors plus ``old_log_probs`` and ``advantages`` (B, R) (and
+        ``ref_log_prob`` with KL loss), as ``RayPPOTrainer._update_actor`` receives it.
+        """
+        actor_config = self.config.actor_rollout_ref.actor
+        rollout_config = self.config.actor_rollout_ref.rollout
+        mini_batch_size = actor_config.ppo_mini_batch_size * rollout_config.n
+        batch_td = self._no_padding(batch)
+        tu.assign_non_tensor(
+            batch_td,
+            calculate_entropy=actor_config.calculate_entropy or actor_config.entropy_coeff != 0.0,
+            distillation_use_topk=False,
+            distillation_only=False,
+            global_batch_size=mini_batch_size,
+            mini_batch_size=mini_batch_size,
+            epochs=actor_config.ppo_epochs,
+            seed=actor_config.data_loader_seed,
+            dataloader_kwargs={"shuffle": actor_config.shuffle},
+            compute_loss=True,
+        )
+        return dict(tu.get(self.actor.update_actor(batch_td), "metrics"))
+
+    def save_hf_weights(self, path: str | os.PathLike[str]) -> Path:
+        """Save the actor's weights as a Hugging Face model folder at ``path`` and return it."""
+        self.actor.save_hf_weights(str(path))
+        return Path(path)
+
+    def describe_policy_loss(self) -> list[str]:
+        """Per rank, ``module.qualname`` of the policy-loss function the actor workers resolve."""
+        return list(self.actor.describe_policy_loss())
+
+
+def build_policy_workers(config: DictConfig, *, use_reference_policy: bool | None = None) -> PolicyWorkers:
+    """Start the actor (and ref) workers for ``config`` on the running Ray cluster and init them.
+
+    ``config`` is a full verl PPO config (see :func:`compose_verl_config`). The pool has
+    ``trainer.n_gpus_per_node`` ranks on each of ``trainer.nnodes`` nodes; with
+    ``trainer.device=cpu`` those are CPU processes. ``use_reference_policy`` defaults to verl's own
+    rule (KL in the loss or in the reward).
+    """
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    device = str(config.trainer.device)
+    worker_cls: type[AglActorRefWorker] = AglActorRefWorker
+    if device == "cpu":
+        from agl_trainer._cpu_platform import CpuActorRefWorker, enable_cpu_platform
+
+        enable_cpu_platform()
+        worker_cls = CpuActorRefWorker
+    if use_reference_policy is None:
+        use_reference_policy = need_reference_policy(config)
+    roles = ("actor", "ref") if use_reference_policy else ("actor",)
+    pool = RayResourcePool(
+        process_on_nodes=[int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),
+        use_gpu=device != "cpu",
+        max_colocate_count=1,
+    )
+    remote_cls = ray.remote(worker_cls)
+    class_dict = {
+        role: RayClassWithInitArgs(cls=remote_cls, config=config.actor_rollout_ref, role=role)
+        for role in roles
+    }
+    colocated = RayWorkerGroup(
+        resource_pool=pool,
+        ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
+        device_name=device,
+    )
+    groups = colocated.spawn(prefix_set=class_dict.keys())
+    ref = groups.get("ref")
+    if ref is not None:
+        ref.init_model()
+    actor = groups["actor"]
+    actor.init_model()
+    return PolicyWorkers(config=config, actor=actor, ref=ref, pool=pool)

@@ -1,0 +1,160 @@
+"""verl's actor and ref workers on CPU in real Ray workers, built without verl's rollout workers.
+
+One module-scoped cluster (Ray with 2 CPUs, one colocated worker process holding actor and ref)
+serves every test; the tiny model is built in a temporary folder.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+ray = pytest.importorskip("ray")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+from verl import DataProto  # noqa: E402
+
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
+from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
+from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env  # noqa: E402
+
+pytestmark = pytest.mark.verl
+
+PROMPT_LEN, RESPONSE_LEN, ROWS = 8, 12, 4
+ADVANTAGES = (1.0, -1.0, 0.5, -0.5)
+
+
+def tiny_overrides(model_path: Path) -> list[str]:
+    return [
+        *CPU_MODE_OVERRIDES,
+        f"actor_rollout_ref.model.path={model_path}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={ROWS}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={ROWS}",
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.optim.lr=1e-2",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={ROWS}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={ROWS}",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+    ]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("cpu_workers") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def policy(model_path: Path) -> Iterator[PolicyWorkers]:
+    config = compose_verl_config(tiny_overrides(model_path))
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
+    try:
+        yield build_policy_workers(config)
+    finally:
+        ray.shutdown()
+
+
+def rollout_batch() -> DataProto:
+    """Four rows: row 0 left-padded prompt (3 pads), row 1 right-padded response (5 valid tokens)."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, 400, (ROWS, PROMPT_LEN), generator=generator)
+    responses = torch.randint(3, 400, (ROWS, RESPONSE_LEN), generator=generator)
+    attention_mask = torch.ones(ROWS, PROMPT_LEN + RESPONSE_LEN, dtype=torch.long)
+    attention_mask[0, :3] = 0
+    attention_mask[1, PROMPT_LEN + 5 :] = 0
+    prompts[0, :3] = 0
+    responses[1, 5:] = 0
+    return DataProto.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+            "response_mask": attention_mask[:, PROMPT_LEN:],
+        }
+    )
+
+
+def hf_log_probs(model_path: Path, batch: DataProto) -> torch.Tensor:
+    """Log-probs of the response tokens under the HF model at ``model_path``, (B, R), 0 on padding."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa", dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.batch["input_ids"],
+            attention_mask=batch.batch["attention_mask"],
+            position_ids=batch.batch["position_ids"],
+        ).logits
+    log_probs = torch.log_softmax(logits[:, PROMPT_LEN - 1 : -1], dim=-1)
+    picked = log_probs.gather(-1, batch.batch["responses"].unsqueeze(-1)).squeeze(-1)
+    return picked * batch.batch["response_mask"]
+
+
+@pytest.fixture(scope="module")
+def before_update(policy: PolicyWorkers) -> DataProto:
+    return policy.compute_log_prob(rollout_batch())
+
+
+@pytest.fixture(scope="module")
+def update_metrics(policy: PolicyWorkers, before_update: DataProto) -> dict[str, list[float]]:
+    batch = rollout_batch()
+    batch = batch.union(before_update).union(policy.compute_ref_log_prob(batch))
+    batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
+    return policy.update_actor(batch)
+
+
+def test_workers_resolve_per_rollout_mean_to_the_agl_algos_loss(policy: PolicyWorkers) -> None:
+    # Registered inside the worker by the setup hook, not inherited from the driver.
+    assert policy.describe_policy_loss() == ["agl_algos.loss.compute_policy_loss_per_rollout_mean"]
+
+
+def test_actor_log_probs_match_transformers_on_the_initial_weights(
+    policy: PolicyWorkers, model_path: Path, before_update: DataProto
+) -> None:
+    expected = hf_log_probs(model_path, rollout_batch())
+    actual = before_update.batch["old_log_probs"] * rollout_batch().batch["response_mask"]
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_ref_log_probs_equal_actor_log_probs_before_any_update(
+    policy: PolicyWorkers, before_update: DataProto
+) -> None:
+    ref = policy.compute_ref_log_prob(rollout_batch()).batch["ref_log_prob"]
+    mask = rollout_batch().batch["response_mask"]
+    torch.testing.assert_close(ref * mask, before_update.batch["old_log_probs"] * mask)
+
+
+def test_first_update_reports_the_per_rollout_mean_policy_loss(
+    update_metrics: dict[str, list[float]],
+) -> None:
+    # At the first update the ratio is 1, so the loss is -sum(A) over valid tokens (one rank):
+    # 12 * 1 + 5 * -1 + 12 * 0.5 + 12 * -0.5 = 7, whereas verl's vanilla token-mean gives -7/41.
+    assert update_metrics["actor/pg_loss"] == [pytest.approx(-7.0, abs=1e-5)]
+
+
+def test_update_changes_the_actor_but_not_the_ref(
+    policy: PolicyWorkers, before_update: DataProto, update_metrics: dict[str, list[float]]
+) -> None:
+    mask = rollout_batch().batch["response_mask"]
+    after = policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
+    ref = policy.compute_ref_log_prob(rollout_batch()).batch["ref_log_prob"] * mask
+    assert (after - before_update.batch["old_log_probs"] * mask).abs().max() > 1e-2
+    torch.testing.assert_close(ref, before_update.batch["old_log_probs"] * mask)
+
+
+def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
+    policy: PolicyWorkers, tmp_path: Path, update_metrics: dict[str, list[float]]
+) -> None:
+    saved = policy.save_hf_weights(tmp_path / "pushed")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja"} <= {
+        item.name for item in saved.iterdir()
+    }
+    mask = rollout_batch().batch["response_mask"]
+    actor = policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
+    torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,254 @@
+"""The local agent runner against the real agl-server, with a scripted model server upstream.
+
+The upstream is a small HTTP server that answers ``/v1/completions`` like vLLM does with
+``return_token_ids`` (fixed response tokens, fixed log-probs), so these tests need no vLLM;
+``test_trainer_local_vllm.py`` repeats the multi-turn check with the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_trainer.local import (
+    AgentContext,
+    AglServer,
+    AglServerApi,
+    DigitToolTask,
+    LocalAgentRunner,
+    agl_server_spec,
+    existing_tool_env,
+    start_agl_server,
+)
+
+pytestmark = pytest.mark.server
+
+_LEGACY_SERVER_PYTHON = Path("/root/.cache/agl/server-venv/bin/python")
+_STUB_TOKENS = [10, 11, 12]
+_STUB_LOGPROBS = [-0.5, -1.0, -1.5]
+
+
+def server_python() -> Path:
+    env = existing_tool_env(agl_server_spec())
+    if env is not None:
+        return env.python
+    if _LEGACY_SERVER_PYTHON.exists():
+        return _LEGACY_SERVER_PYTHON
+    pytest.skip("no agl-server environment (set AGL_SERVER_PYTHON or run agl-trainer once to provision it)")
+
+
+class _StubModelServer:
+    """Records each request body and answers like vLLM's completions endpoint."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append(body)
+                choice = {
+                    "index": 0,
+                    "text": "abc",
+                    "token_ids": _STUB_TOKENS,
+                    "prompt_token_ids": body["prompt"],
+                    "logprobs": {"token_logprobs": _STUB_LOGPROBS} if body.get("logprobs") else None,
+                    "finish_reason": "length",
+                }
+                payload = json.dumps({"choices": [choice], "usage": {"completion_tokens": 3}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AglServer]:
+    with start_agl_server(server_python(), tmp_path_factory.mktemp("agl-server")) as running:
+        yield running
+
+
+@pytest.fixture
+def api(server: AglServer) -> Iterator[AglServerApi]:
+    with AglServerApi(server.url, server.key) as client:
+        yield client
+
+
+@pytest.fixture
+def stub(api: AglServerApi, server: AglServer) -> Iterator[_StubModelServer]:
+    upstream = _StubModelServer()
+    api.http.delete("/api/models")
+    api.register_model(server.model_name, upstream.endpoint, version=3)
+    yield upstream
+    api.http.delete("/api/models")
+    upstream.close()
+
+
+def _wait_terminal(api: AglServerApi, rollout_ids: list[str], timeout: float = 60.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rollouts = [api.get_rollout(rid) for rid in rollout_ids]
+        if all(r["status"]["state"] in ("succeeded", "failed") for r in rollouts):
+            return rollouts
+        time.sleep(0.1)
+    raise AssertionError(f"rollouts {rollout_ids} did not finish within {timeout} s")
+
+
+def _run(api: AglServerApi, agent: Callable[[AgentContext], float], items: list[dict[str, Any]], **kw: Any):
+    with LocalAgentRunner(api, agent, poll_interval=0.05, **kw) as runner:
+        ids = [r["rollout_id"] for r in api.create_rollouts(items)]
+        return _wait_terminal(api, ids), runner.stats
+
+
+def test_runner_posts_reward_and_marks_rollout_succeeded(api: AglServerApi) -> None:
+    [rollout], stats = _run(api, lambda _ctx: 0.75, [{"input": {"q": 1}}])
+    assert rollout["status"]["state"] == "succeeded"
+    assert rollout["status"]["last_attempt_id"] == "0"
+    events = api.events(rollout["rollout_id"])
+    assert [(e["event_type"], e["attempt_id"], e["data"]) for e in events] == [
+        ("reward", "0", {"value": 0.75, "source": "agent"})
+    ]
+    assert (stats.succeeded, stats.failed) == (1, 0)
+
+
+def test_runner_passes_input_and_is_train_to_agent(api: AglServerApi) -> None:
+    seen: list[tuple[Any, bool]] = []
+
+    def agent(ctx: AgentContext) -> float:
+        seen.append((ctx.input, ctx.is_train))
+        return 0.0
+
+    _run(api, agent, [{"input": {"q": "val"}, "is_train": False}])
+    assert seen == [({"q": "val"}, False)]
+
+
+def test_runner_marks_failed_with_error_message_when_agent_raises(api: AglServerApi) -> None:
+    def agent(_ctx: AgentContext) -> float:
+        raise RuntimeError("tool crashed")
+
+    [rollout], stats = _run(api, agent, [{"input": None}])
+    assert rollout["status"]["state"] == "failed"
+    assert rollout["status"]["error_message"] == "RuntimeError: tool crashed"
+    assert api.events(rollout["rollout_id"]) == []
+    assert (stats.succeeded, stats.failed) == (0, 1)
+
+
+def test_runner_fails_rollout_when_no_model_is_registered(api: AglServerApi) -> None:
+    api.http.delete("/api/models")
+
+    def agent(ctx: AgentContext) -> float:
+        ctx.model.complete([1, 2], max_tokens=1)
+        return 1.0
+
+    [rollout], _ = _run(api, agent, [{"input": None}])
+    assert rollout["status"]["state"] == "failed"
+    assert "503 Service Unavailable" in rollout["status"]["error_message"]
+
+
+def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi) -> None:
+    release = threading.Event()
+
+    def agent(_ctx: AgentContext) -> float:
+        release.wait(30)
+        return 1.0
+
+    with LocalAgentRunner(api, agent, workers=2, poll_interval=0.05) as runner:
+        ids = [r["rollout_id"] for r in api.create_rollouts([{"input": i} for i in range(5)])]
+        while len(api.list_rollouts(["running"])) < 2:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        states = sorted(api.get_rollout(rid)["status"]["state"] for rid in ids)
+        release.set()
+        finished = _wait_terminal(api, ids)
+    assert states == ["queuing", "queuing", "queuing", "running", "running"]
+    assert [r["status"]["state"] for r in finished] == ["succeeded"] * 5
+    assert runner.stats.succeeded == 5
+
+
+def test_toy_agent_turns_extend_prefix_in_recorded_events(
+    api: AglServerApi, stub: _StubModelServer, tmp_path: Path
+) -> None:
+    tiny_model = pytest.importorskip("agl_trainer.tiny_model")
+    task = DigitToolTask.from_model(tiny_model.build_tiny_model(tmp_path / "m"), max_tokens_per_turn=3)
+    [rollout], _ = _run(api, task, [{"input": {"prompt": "Numbers:"}}])
+    assert rollout["status"]["state"] == "succeeded"
+    triplets = api.events(rollout["rollout_id"], triplet_format=True)
+    assert [e["event_type"] for e in triplets] == ["model_request", "model_request", "reward"]
+    first, second, reward = (e["data"] for e in triplets)
+    observation = task.encode(task.observation(_STUB_TOKENS))
+    assert first["prompt_token_ids"] == task.encode("Numbers:")
+    assert second["prompt_token_ids"] == first["prompt_token_ids"] + _STUB_TOKENS + observation
+    assert first["response_token_ids"] == second["response_token_ids"] == _STUB_TOKENS
+    assert first["response_log_probs"] == _STUB_LOGPROBS
+    assert first["server"] == {"model": "agl-local-policy", "version": 3}
+    assert reward == {"value": task.reward(_STUB_TOKENS * 2), "source": "agent"}
+
+
+def test_gateway_adds_train_params_to_agent_requests(api: AglServerApi, stub: _StubModelServer) -> None:
+    def agent(ctx: AgentContext) -> float:
+        ctx.model.complete([5, 6], max_tokens=3)
+        return 0.0
+
+    _run(api, agent, [{"input": None, "is_train": True}, {"input": None, "is_train": False}])
+    by_mode = {bool(body.get("logprobs")): body for body in stub.requests}
+    assert by_mode[True] == {
+        "prompt": [5, 6],
+        "max_tokens": 3,
+        "return_token_ids": True,
+        "model": "agl-local-policy",
+        "temperature": 1.0,
+        "logprobs": True,
+    }
+    assert by_mode[False] == {
+        "prompt": [5, 6],
+        "max_tokens": 3,
+        "return_token_ids": True,
+        "model": "agl-local-policy",
+        "temperature": 0.7,
+    }
+
+
+def test_runner_waits_out_a_paused_gateway(api: AglServerApi, stub: _StubModelServer) -> None:
+    def agent(ctx: AgentContext) -> float:
+        return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
+
+    api.http.post("/proxy/pause", json={"retry_after_seconds": 1, "reason": "test"}).raise_for_status()
+    try:
+        with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
+            [created] = api.create_rollouts([{"input": None}])
+            while api.get_rollout(created["rollout_id"])["status"]["state"] != "running":
+                time.sleep(0.05)
+            time.sleep(1.5)
+            requests_while_paused = len(stub.requests)
+            api.http.post("/proxy/resume").raise_for_status()
+            [rollout] = _wait_terminal(api, [created["rollout_id"]])
+    finally:
+        api.http.post("/proxy/resume")
+    assert requests_while_paused == 0
+    assert rollout["status"]["state"] == "succeeded"
+    assert api.events(rollout["rollout_id"], triplet_format=True)[-1]["data"]["value"] == 3.0
+    assert runner.stats.succeeded == 1

@@ -1,0 +1,186 @@
+"""AglRayPPOTrainer end to end on CPU: real Ray, verl's own workers, the real agl-server, fake agents.
+
+Agents are agl-rollout's test agents (no inference server: this test is about the trainer), so
+no weights are pushed; every other part of the step runs for real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+ray = pytest.importorskip("ray")
+
+from agl_testing.agents import AgentBehaviour, FakeAgents  # noqa: E402
+from agl_testing.agl_server import TEST_KEY, AglServerProcess  # noqa: E402
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
+from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
+from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
+from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
+from agl_trainer.workers import ray_runtime_env  # noqa: E402
+
+pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
+
+TRAIN_ROWS = [{"x": i} for i in range(8)]
+VAL_ROWS = [{"x": 100 + i} for i in range(2)]
+
+
+def _reward(rollout: dict[str, Any], delay_s: float = 0.0) -> AgentBehaviour:
+    # Rollouts that emit other tokens earn 1, so groups have reward variance and a gradient.
+    shift = int(rollout["rollout_id"], 16) % 2
+    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift, delay_s=delay_s)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("trainer") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
+    yield
+    ray.shutdown()
+
+
+def _overrides(model_path: Path, server: AglServerProcess, out: Path, *extra: str) -> list[str]:
+    return [
+        *CPU_MODE_OVERRIDES,
+        f"actor_rollout_ref.model.path={model_path}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.optim.weight_decay=0",
+        "data.train_batch_size=2",
+        "data.val_batch_size=1",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=2",
+        "trainer.save_freq=1",
+        "trainer.logger=[console]",
+        "trainer.balance_batch=false",
+        f"trainer.default_local_dir={out / 'ckpt'}",
+        f"agentlightning.agl_base_url={server.url}",
+        f"agentlightning.agl_key={TEST_KEY}",
+        "agentlightning.poll_interval_seconds=0.05",
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=32",
+        "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
+        *extra,
+    ]
+
+
+_LIVE: list[AglRayPPOTrainer] = []
+
+
+def _trainer(model_path: Path, server: AglServerProcess, out: Path, *extra: str) -> AglRayPPOTrainer:
+    config = compose_config(_overrides(model_path, server, out, *extra))
+    trainer = build_trainer(config, TRAIN_ROWS, VAL_ROWS)
+    _LIVE.append(trainer)
+    return trainer
+
+
+def _release_workers(trainer: AglRayPPOTrainer) -> None:
+    trainer.shutdown()
+    _LIVE.remove(trainer)
+
+
+@pytest.fixture(autouse=True)
+def _release_all_workers() -> Iterator[None]:
+    """Each test's workers hold the cluster's CPUs; free them whatever the test's outcome."""
+    yield
+    for trainer in list(_LIVE):
+        _release_workers(trainer)
+
+
+def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    trainer = _trainer(model_path, fresh_agl_server, tmp_path)
+    with FakeAgents(fresh_agl_server.url, behaviour=_reward) as agents:
+        before = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
+        timing: dict[str, float] = {}
+        trainer.global_steps = 1
+        metrics = trainer.train_step(timing)
+        after = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
+    assert metrics["training/n_rollouts"] == 4
+    assert metrics["training/n_sample_trained"] == 4
+    assert "actor/pg_clipfrac" in metrics
+    assert metrics["actor/grad_norm"] > 0
+    assert not bool((before == after).all()), "the actor's weights did not change"
+    assert len(agents.stats.claimed) == 4
+    assert trainer.client.list_rollouts(["queuing", "running", "succeeded", "failed"]) == []
+
+
+def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    extra = (
+        "agentlightning.async_rollout.enabled=true",
+        "agentlightning.async_rollout.async_train_batch_size=3",
+    )
+
+    def slow_first_group(rollout: dict[str, Any]) -> AgentBehaviour:
+        return _reward(rollout, delay_s=30.0 if rollout["input"]["x"] == 0 else 0.0)
+
+    trainer = _trainer(model_path, fresh_agl_server, tmp_path, *extra)
+    with FakeAgents(fresh_agl_server.url, behaviour=slow_first_group):
+        trainer.fit()
+    assert trainer.global_steps == 3
+    state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
+    assert state["weight_version"] == 2
+    assert len(state["async_state"]["groups"]) >= 1  # the slow group is carried, not lost
+    _release_workers(trainer)  # free the CPUs for the resumed trainer's workers
+
+    resumed = _trainer(model_path, fresh_agl_server, tmp_path, *extra, "trainer.total_training_steps=3")
+    resumed._load_checkpoint()
+    assert (resumed.global_steps, resumed.weight_version) == (2, 2)
+    assert resumed.async_manager is not None
+    assert resumed.async_manager.n_groups_held == len(state["async_state"]["groups"])
+
+
+def test_step_with_no_trainable_rows_is_logged_and_trains_nothing(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    trainer = _trainer(
+        model_path, fresh_agl_server, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4"
+    )
+    with FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(turns=1, reward=1.0)):
+        trainer.global_steps = 1
+        metrics = trainer.train_step({})
+    assert metrics["training/n_sample_collected"] == 4
+    assert metrics["training/n_sample_trained"] == 0
+    assert trainer.weight_version == 0
+
+
+def _probe_batch(trainer: AglRayPPOTrainer) -> Any:
+    import torch
+    from verl import DataProto
+
+    prompt_len, response_len = trainer.settings.max_prompt_length, trainer.settings.max_response_length
+    prompts = torch.full((2, prompt_len), 5, dtype=torch.long)
+    responses = torch.full((2, response_len), 7, dtype=torch.long)
+    attention = torch.ones(2, prompt_len + response_len, dtype=torch.long)
+    return DataProto.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(dim=1) - 1).clamp(min=0),
+            "response_mask": attention[:, prompt_len:],
+        }
+    )
