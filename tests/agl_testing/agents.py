@@ -35,11 +35,11 @@ Malformed = Literal["error_status", "no_response_tokens", "bad_log_probs", "non_
 class AgentBehaviour:
     """What one fake agent does with its rollout.
 
-    ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
-    would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
-    listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
-one group can differ); ``never_finish`` leaves the rollout RUNNING and
-    ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
+        ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
+        would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
+        listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
+    one group can differ); ``never_finish`` leaves the rollout RUNNING and
+        ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
     """
 
     delay_s: float = 0.0

@@ -1,7 +1,7 @@
 """Pytest fixtures that run the real execution-side server, ``agl-server``, on loopback.
 
 The server lives in its own tool environment (it declares Python >= 3.12 and pins its
-own web stack); ``scripts/test`` prepares it. This module installs nothing: it finds the
+own web stack); ``scripts/test`` prepares it with ``python -m agl_trainer.local.provision``. This module installs nothing: it finds the
 ``agl-server`` executable, starts it on a free loopback port, waits for ``/healthz`` and
 stops it afterwards. Standard library only, so it works in every package's own venv.
 """
@@ -40,8 +40,8 @@ def find_agl_server() -> Path:
     if on_path:
         return Path(on_path)
     raise RuntimeError(
-        "agl-server not found: run `bash scripts/test` (it prepares the server's tool environment "
-        f"in {cache / 'envs' / 'agl-server'}) or set AGL_SERVER_BIN"
+        "agl-server not found: run `python -m agl_trainer.local.provision agl-server` (it prepares the "
+        f"server's tool environment in {cache / 'envs' / 'agl-server'}) or set AGL_SERVER_BIN"
     )
 
 

@@ -30,7 +30,7 @@ from agl_trainer.local import (
 from agl_trainer.plot import plot_metrics
 from agl_trainer.tiny_model import build_tiny_model
 
-DEMO_STEPS = 20
+DEMO_STEPS = 25
 
 # Small enough for 2 cores: 4 prompts x 4 rollouts per step, 2 turns of at most 8 tokens each.
 DEMO_OVERRIDES: tuple[str, ...] = (
@@ -43,7 +43,7 @@ DEMO_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
     "actor_rollout_ref.actor.use_dynamic_bsz=false",
     "actor_rollout_ref.actor.use_kl_loss=false",
-    "actor_rollout_ref.actor.optim.lr=1e-3",
+    "actor_rollout_ref.actor.optim.lr=5e-3",
     "data.train_batch_size=4",
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",

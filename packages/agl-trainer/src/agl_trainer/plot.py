@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CURVES = (("training/reward", "reward"), ("actor/pg_loss", "policy loss"))
+CURVES = (("training/reward", "reward"), ("actor/pg_loss", "policy loss"), ("actor/grad_norm", "grad norm"))
 
 
 def read_metrics(jsonl: Path) -> dict[str, list[tuple[int, float]]]:
