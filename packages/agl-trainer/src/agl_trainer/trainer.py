@@ -198,6 +198,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         The gateway is resumed before and paused and drained after, in both modes, so no model
         call is in flight while the weights change (sync mode has nothing left to abort then).
         """
+        requests_before = self.client.request_count
         self.client.resume()
         if is_train and self.async_manager is not None:
             result = self.async_manager.enqueue_and_wait_until_group_completed(
@@ -212,7 +213,11 @@ class AglRayPPOTrainer(RayPPOTrainer):
             f"rollout_done step={self.global_steps}",
             timeout_s=self.settings.drain_timeout_seconds,
         )
-        return result.completed, {**result.metrics, **drain}
+        requests = {
+            "training/server_requests_per_rollout": (self.client.request_count - requests_before)
+            / max(len(result.completed), 1)
+        }
+        return result.completed, {**result.metrics, **drain, **requests}
 
     # ---- one training step -----------------------------------------------------------------------
 

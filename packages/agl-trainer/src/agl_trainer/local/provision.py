@@ -18,7 +18,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     names = list(sys.argv[1:] if argv is None else argv)
     unknown = [name for name in names if name not in SPECS]
     if not names or unknown:
-        raise SystemExit(f"usage: python -m agl_trainer.local.provision {{{','.join(SPECS)}}} ...; got {names}")
+        raise SystemExit(
+            f"usage: python -m agl_trainer.local.provision {{{','.join(SPECS)}}} ...; got {names}"
+        )
     for name in names:
         env = ensure_tool_env(SPECS[name]())
         print(f"{name}: {env.python}")
