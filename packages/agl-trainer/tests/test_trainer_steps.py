@@ -7,7 +7,8 @@ no weights are pushed; every other part of the step runs for real.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,19 @@ TRAIN_ROWS = [{"x": i} for i in range(8)]
 VAL_ROWS = [{"x": 100 + i} for i in range(2)]
 
 
-def _reward(rollout: dict[str, Any], delay_s: float = 0.0) -> AgentBehaviour:
-    # Rollouts that emit other tokens earn 1, so groups have reward variance and a gradient.
-    shift = int(rollout["rollout_id"], 16) % 2
-    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift, delay_s=delay_s)
+def _alternating(slow_x: int | None = None) -> Callable[[dict[str, Any]], AgentBehaviour]:
+    """Within each group, every other rollout emits other tokens and earns 1: every group has
+    reward variance and a gradient. Rollouts of sample ``slow_x`` take 30 s."""
+    seen: Counter[int] = Counter()
+
+    def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
+        x = int(rollout["input"]["x"])
+        shift = seen[x] % 2
+        seen[x] += 1
+        delay = 30.0 if x == slow_x else 0.0
+        return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift, delay_s=delay)
+
+    return behaviour
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +120,7 @@ def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
     model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:
     trainer = _trainer(model_path, fresh_agl_server, tmp_path)
-    with FakeAgents(fresh_agl_server.url, behaviour=_reward) as agents:
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating()) as agents:
         before = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
         timing: dict[str, float] = {}
         trainer.global_steps = 1
@@ -133,11 +143,8 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
         "agentlightning.async_rollout.async_train_batch_size=3",
     )
 
-    def slow_first_group(rollout: dict[str, Any]) -> AgentBehaviour:
-        return _reward(rollout, delay_s=30.0 if rollout["input"]["x"] == 0 else 0.0)
-
     trainer = _trainer(model_path, fresh_agl_server, tmp_path, *extra)
-    with FakeAgents(fresh_agl_server.url, behaviour=slow_first_group):
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating(slow_x=0)):
         trainer.fit()
     assert trainer.global_steps == 3
     state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
