@@ -123,7 +123,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 hooks=self.hooks,
             )
         self._top_up = BatchTopUp(lambda: iter(self.train_dataloader))
-        self._train_iter = iter(self.train_dataloader)
         self.adapter = RolloutAdapter(
             max_prompt_length=self.settings.max_prompt_length,
             max_response_length=self.settings.max_response_length,
@@ -171,18 +170,13 @@ class AglRayPPOTrainer(RayPPOTrainer):
 
     # ---- collection ------------------------------------------------------------------------------
 
-    def _next_train_batch(self) -> dict[str, list[Any]]:
-        if self.async_manager is not None:
-            return (
-                self._top_up.next_batch(max(self.async_manager.shortfall(), 0))
-                if self.async_manager.shortfall()
-                else {}
-            )
-        try:
-            return next(self._train_iter)
-        except StopIteration:
-            self._train_iter = iter(self.train_dataloader)
-            return next(self._train_iter)
+    def _next_train_batch(self) -> dict[str, Any]:
+        """Sync: one dataloader batch. Async: the shortfall that keeps the groups in flight topped up."""
+        if self.async_manager is None:
+            data = self.config.data
+            return self._top_up.next_batch(int(data.get("gen_batch_size") or data.train_batch_size))
+        shortfall = self.async_manager.shortfall()
+        return self._top_up.next_batch(shortfall) if shortfall else {}
 
     def _models(self) -> list[Any]:
         model = str(
@@ -357,7 +351,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
 
     def _save_checkpoint(self) -> None:
         super()._save_checkpoint()
-        folder = Path(self.config.trainer.default_local_dir) / f"global_step_{self.global_steps}"
+        folder = _checkpoint_folder(self.config, self.global_steps)
         state = {
             "weight_version": self.weight_version,
             "async_state": self.async_manager.state.model_dump(mode="json") if self.async_manager else None,
