@@ -92,6 +92,8 @@ def _trainer(stack: Stack, out: Path, *extra: str, n_train: int = 16) -> AglRayP
         [
             *DEMO_OVERRIDES,
             "trainer.total_training_steps=2",
+            # The demo's file logger writes into its run folder; here it would write into the CWD.
+            "trainer.logger=[console]",
             f"actor_rollout_ref.model.path={stack.model}",
             f"agentlightning.agl_base_url={stack.server.url}",
             f"agentlightning.agl_key={stack.server.key}",
