@@ -142,35 +142,73 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
         "agentlightning.async_rollout.enabled=true",
         "agentlightning.async_rollout.async_train_batch_size=3",
     )
-
-    trainer = _trainer(model_path, fresh_agl_server, tmp_path, *extra)
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating(slow_x=0)):
+        trainer = _trainer(model_path, fresh_agl_server, tmp_path, *extra)
         trainer.fit()
-    assert trainer.global_steps == 3
-    state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
-    assert state["weight_version"] == 2
-    assert len(state["async_state"]["groups"]) >= 1  # the slow group is carried, not lost
-    _release_workers(trainer)  # free the CPUs for the resumed trainer's workers
+        assert trainer.global_steps == 3
+        state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
+        assert state["weight_version"] == 2
+        assert len(state["async_state"]["groups"]) >= 1  # the slow group is carried, not lost
+        _release_workers(trainer)  # free the CPUs for the resumed trainer's workers
 
-    resumed = _trainer(model_path, fresh_agl_server, tmp_path, *extra, "trainer.total_training_steps=3")
-    resumed._load_checkpoint()
-    assert (resumed.global_steps, resumed.weight_version) == (2, 2)
-    assert resumed.async_manager is not None
-    assert resumed.async_manager.n_groups_held == len(state["async_state"]["groups"])
+        resumed = _trainer(model_path, fresh_agl_server, tmp_path, *extra, "trainer.total_training_steps=3")
+        trained = _record_trained_data_ids(resumed)
+        resumed.fit()
+    assert resumed.global_steps == 4
+    after = json.loads((tmp_path / "ckpt" / "global_step_3" / "agl_state.json").read_text())
+    assert after["weight_version"] == 3
+    assert len(trained) == 4  # step 3 trained two whole groups of rollout.n=2
+    carried = {group["data_id"] for group in state["async_state"]["groups"]}
+    still_carried = {group["data_id"] for group in after["async_state"]["groups"]}
+    assert carried <= set(trained) | still_carried  # every carried group was trained or is still held
 
 
-def test_step_with_no_trainable_rows_is_logged_and_trains_nothing(
+def test_step_with_no_trainable_rows_is_logged_and_still_validates_and_checkpoints(
     model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:
     trainer = _trainer(
-        model_path, fresh_agl_server, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_size=4"
+        model_path,
+        fresh_agl_server,
+        tmp_path,
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=1",
     )
-    with FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(turns=1, reward=1.0)):
-        trainer.global_steps = 1
-        metrics = trainer.train_step({})
-    assert metrics["training/n_sample_collected"] == 4
-    assert metrics["training/n_sample_trained"] == 0
+    steps = _record_step_metrics(trainer)
+    with FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(turns=1, reward=1.0)) as agents:
+        trainer.fit()
+    assert steps[0]["training/n_sample_collected"] == 4
+    assert steps[0]["training/n_sample_trained"] == 0
     assert trainer.weight_version == 0
+    assert len(agents.stats.claimed) == 4 + len(VAL_ROWS)  # the last step validated
+    state = json.loads((tmp_path / "ckpt" / "global_step_1" / "agl_state.json").read_text())
+    assert state["weight_version"] == 0
+
+
+def _record_trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
+    """Spy on the adapter: the data id of every rollout the trainer builds a training batch from."""
+    seen: list[str] = []
+    build_batch = trainer.adapter.build_batch
+
+    def recording(completed: Any, **kwargs: Any) -> Any:
+        seen.extend(rollout.data_id for rollout in completed)
+        return build_batch(completed, **kwargs)
+
+    trainer.adapter.build_batch = recording  # type: ignore[method-assign]
+    return seen
+
+
+def _record_step_metrics(trainer: AglRayPPOTrainer) -> list[dict[str, Any]]:
+    """Spy on train_step: each step's metrics, in order."""
+    seen: list[dict[str, Any]] = []
+    train_step = trainer.train_step
+
+    def recording(timing: dict[str, float]) -> dict[str, Any]:
+        metrics = train_step(timing)
+        seen.append(dict(metrics))
+        return metrics
+
+    trainer.train_step = recording  # type: ignore[method-assign]
+    return seen
 
 
 def _probe_batch(trainer: AglRayPPOTrainer) -> Any:
