@@ -42,6 +42,7 @@ def tiny_overrides(model_path: Path) -> list[str]:
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={ROWS}",
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
+        "algorithm.adv_estimator=grpo",  # verl's default, gae, would also build a critic
     ]
 
 

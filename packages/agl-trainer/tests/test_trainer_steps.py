@@ -135,6 +135,32 @@ def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
     assert trainer.client.list_rollouts(["queuing", "running", "succeeded", "failed"]) == []
 
 
+def test_gae_step_trains_the_critic_then_the_actor_and_checkpoints_both(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    trainer = _trainer(
+        model_path,
+        fresh_agl_server,
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "algorithm.enable_rollout_level_advantage=false",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        "critic.optim.lr=1e-3",
+        "critic.model.enable_gradient_checkpointing=false",
+    )
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating()):
+        before = trainer.workers.compute_values(_probe_batch(trainer)).batch["values"]
+        trainer.global_steps = 1
+        metrics = trainer.train_step({})
+        after = trainer.workers.compute_values(_probe_batch(trainer)).batch["values"]
+    assert metrics["training/n_sample_trained"] == 4
+    assert {"critic/vf_loss", "critic/grad_norm", "critic/values/mean", "critic/returns/mean"} <= set(metrics)
+    assert metrics["actor/grad_norm"] > 0
+    assert not bool((before == after).all()), "the critic's weights did not change"
+    trainer._save_checkpoint()
+    assert (tmp_path / "ckpt" / "global_step_1" / "critic").is_dir()
+
+
 def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
     model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:

@@ -10,7 +10,8 @@ runs on CPU once these missing pieces are supplied, and this module supplies the
 2. verl's FSDP engine classes registered for device ``"cpu"`` in verl's engine registry (they are
    registered for ``cuda`` and ``npu`` only), with unpinned memory for forward-only modules: the
    engine gives the reference model ``CPUOffloadPolicy(pin_memory=True)``, and pinning memory
-   needs an accelerator;
+   needs an accelerator; and a value-model loader that asks for sdpa attention (verl's
+   ``load_valuehead_model`` hard-codes flash-attention 2, which needs CUDA);
 3. a worker class that starts the gloo process group before verl does: verl builds its backend
    string as ``"cpu:gloo,<device>:<backend>"``, which torch rejects when the device is ``cpu``;
 4. the config overrides the CPU needs (:data:`CPU_MODE_OVERRIDES`).
@@ -31,6 +32,8 @@ import torch
 import torch.distributed
 from torch.distributed.fsdp import CPUOffloadPolicy
 from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, set_platform
+from verl.workers.config import TrainingWorkerConfig
+from verl.workers.engine_workers import TrainingWorker
 
 from agl_trainer.workers import AglActorRefWorker
 
@@ -38,6 +41,7 @@ __all__ = (
     "CPU_MODE_OVERRIDES",
     "CPU_PLATFORM_NAME",
     "CpuActorRefWorker",
+    "CpuCriticWorker",
     "PlatformCPU",
     "enable_cpu_platform",
     "register_cpu_engines",
@@ -66,6 +70,14 @@ CPU_MODE_OVERRIDES: tuple[str, ...] = (
     f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
     "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
     "actor_rollout_ref.ref.fsdp_config.model_dtype=fp32",
+    # The critic (GAE only) gets the same four: FSDP2, sdpa, no remove-padding, eager fp32.
+    "critic.strategy=fsdp2",
+    "critic.fsdp.strategy=fsdp2",
+    "+critic.model.override_config.attn_implementation=sdpa",
+    "critic.model.use_remove_padding=false",
+    "critic.fsdp.use_torch_compile=false",
+    f"+critic.fsdp.mixed_precision={_FP32}",
+    "critic.fsdp.model_dtype=fp32",
 )
 """Hydra overrides of verl's ``ppo_trainer`` config that the CPU mode needs, each with its reason."""
 
@@ -225,17 +237,35 @@ class _UnpinnedCPUOffloadPolicy(CPUOffloadPolicy):
         self.pin_memory = False
 
 
+def _load_value_head_model(
+    local_path: str, torch_dtype: torch.dtype, model_config: Any, trust_remote_code: bool
+) -> Any:
+    """The critic's model: the checkpoint with a one-label token-classification head, sdpa attention."""
+    from transformers import AutoModelForTokenClassification
+
+    return AutoModelForTokenClassification.from_pretrained(
+        pretrained_model_name_or_path=local_path,
+        torch_dtype=torch_dtype,
+        config=model_config,
+        attn_implementation="sdpa",
+        trust_remote_code=trust_remote_code,
+    )
+
+
 def register_cpu_engines() -> None:
     """Register verl's FSDP engines (LM head and value head) for device ``cpu`` (idempotent).
 
-    Also makes the engine module build its forward-only offload policy unpinned.
+    Also makes the engine module build its forward-only offload policy unpinned, and verl load
+    value models with sdpa attention.
     """
+    from verl.utils import model as verl_model
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp import transformer_impl
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     global _engines_registered
     transformer_impl.CPUOffloadPolicy = _UnpinnedCPUOffloadPolicy  # pyright: ignore[reportPrivateImportUsage]
+    verl_model.load_valuehead_model = _load_value_head_model
     if _engines_registered:
         return
     for model_type, engine_cls in (
@@ -271,3 +301,11 @@ class CpuActorRefWorker(AglActorRefWorker):
             )
         _init_gloo_process_group()
         super().__init__(config, role, **kwargs)
+
+
+class CpuCriticWorker(TrainingWorker):
+    """verl's value-model worker for the CPU mode: gloo is started before verl's own set-up."""
+
+    def __init__(self, config: TrainingWorkerConfig) -> None:
+        _init_gloo_process_group()
+        super().__init__(config)

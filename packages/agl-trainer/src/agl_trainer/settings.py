@@ -101,6 +101,14 @@ def validate_config(config: DictConfig) -> AglSettings:
             "algorithm.adv_estimator=remax is not supported by agl (its baseline needs in-process greedy "
             "generation); use grpo, rloo or another outcome estimator"
         )
+    if str(config.algorithm.adv_estimator).lower() == "gae" and config.algorithm.get(
+        "enable_rollout_level_advantage", False
+    ):
+        raise ValueError(
+            "algorithm.enable_rollout_level_advantage=true needs an outcome estimator (one scalar per "
+            "rollout), but algorithm.adv_estimator=gae gives per-token advantages; set "
+            "algorithm.enable_rollout_level_advantage=false to train with GAE and a critic"
+        )
     if settings.max_ppo_update_times is not None and settings.max_ppo_update_times < 1:
         raise ValueError(
             f"agentlightning.max_ppo_update_times must be null or >= 1, got {settings.max_ppo_update_times}"

@@ -1,6 +1,6 @@
 """``AglRayPPOTrainer``: verl's ``RayPPOTrainer`` with rollouts collected from real agents.
 
-verl keeps the optimiser, FSDP, KL, checkpointing and the worker RPCs; what changes is where a
+verl keeps the optimiser, FSDP, KL, the critic, checkpointing and the worker RPCs; what changes is where a
 step's data comes from: rollouts queued on agl-server and run by agents anywhere, their
 ``model_request`` events turned into training rows by agl-adapter, with agl-algos' rollout-level
 advantage and per-rollout-mean loss. The step, in order, is :meth:`AglRayPPOTrainer.train_step`.
@@ -93,11 +93,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
             val_dataset=val_dataset,
             collate_fn=collate_rows,
         )
-        if self.use_critic:
-            raise ValueError(
-                f"algorithm.adv_estimator={config.algorithm.adv_estimator} needs a critic, which agl does not "
-                "build yet; use an outcome estimator such as grpo"
-            )
         self.endpoints = list(endpoints)
         self.weight_pusher: WeightPusher = weight_pusher or NoWeightPush()
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
@@ -139,12 +134,16 @@ class AglRayPPOTrainer(RayPPOTrainer):
     # ---- workers -------------------------------------------------------------------------------
 
     def init_workers(self) -> None:
-        """Build verl's actor (and ref) workers only: generation happens on external servers."""
-        workers = build_policy_workers(self.config, use_reference_policy=self.use_reference_policy)
+        """Build verl's actor (and ref, critic) workers only: generation happens on external servers."""
+        workers = build_policy_workers(
+            self.config, use_reference_policy=self.use_reference_policy, use_critic=self.use_critic
+        )
         self.policy_workers = workers
         self.actor_rollout_wg = workers.actor
         if workers.ref is not None:
             self.ref_policy_wg = workers.ref
+        if workers.critic is not None:
+            self.critic_wg = workers.critic
         self.distillation_config = None  # pyright: ignore[reportAttributeAccessIssue]  (no distillation)
         loss_mode = str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode)
         if loss_mode == PER_ROLLOUT_MEAN:
@@ -216,7 +215,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
     # ---- one training step -----------------------------------------------------------------------
 
     def train_step(self, timing: dict[str, float]) -> dict[str, Any]:
-        """Collect, adapt, cut, score, update, push. Returns the step's metrics.
+        """Collect, adapt, cut, score, update (critic, then actor after ``trainer.critic_warmup``
+        steps), push. Returns the step's metrics.
 
         A step whose batch ends up with zero trainable rows logs why and returns its metrics
         without an update; the caller still validates and checkpoints on schedule.
@@ -247,6 +247,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
         if self.use_reference_policy:
             with marked_timer("ref", timing):
                 batch = batch.union(self.workers.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with marked_timer("values", timing):
+                batch = batch.union(self.workers.compute_values(batch))
         with marked_timer("adv", timing):
             self._compute_advantages(batch, metrics)
         if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
@@ -256,16 +259,20 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 batch.non_tensor_batch["rollout_id_list"],
                 num_trained_rows=len(batch),
             )
-        with marked_timer("update_actor", timing):
-            actor_metrics = self.workers.update_actor(batch)
-        metrics.update(
-            reduce_metrics(
-                {f"actor/{k}" if not k.startswith("actor/") else k: v for k, v in actor_metrics.items()}
+        if self.use_critic:
+            with marked_timer("update_critic", timing):
+                metrics.update(reduce_metrics(self.workers.update_critic(batch)))
+        if int(self.config.trainer.critic_warmup) <= self.global_steps:
+            with marked_timer("update_actor", timing):
+                actor_metrics = self.workers.update_actor(batch)
+            metrics.update(
+                reduce_metrics(
+                    {f"actor/{k}" if not k.startswith("actor/") else k: v for k, v in actor_metrics.items()}
+                )
             )
-        )
-        self.weight_version = self.global_steps
-        with marked_timer("update_weights", timing):
-            metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
+            self.weight_version = self.global_steps
+            with marked_timer("update_weights", timing):
+                metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
         return metrics
 
@@ -333,7 +340,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             )
         )
         metrics["critic/n_transition_after_dropping"] = len(batch)
-        metrics.update(compute_data_metrics(batch=batch, use_critic=False))
+        metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
 
     # ---- validation, checkpoints, loop -------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""verl's policy workers (actor and, for KL, reference) without verl's rollout workers.
+"""verl's training workers (actor; reference for KL; critic for GAE) without verl's rollout workers.
 
 agl generates with external vLLM servers, so the trainer needs only verl's training side: the
 actor (and ref/critic) workers. Stock ``RayPPOTrainer.init_workers`` also builds verl's own rollout
@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, Ra
 from verl.single_controller.ray.base import create_colocated_worker_cls
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
-from verl.workers.engine_workers import ActorRolloutRefWorker
+from verl.workers.config import TrainingWorkerConfig
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 __all__ = (
@@ -42,6 +44,7 @@ __all__ = (
     "PolicyWorkers",
     "build_policy_workers",
     "compose_verl_config",
+    "critic_worker_config",
     "ray_runtime_env",
     "setup_worker_process",
 )
@@ -161,12 +164,34 @@ def _copy_hf_side_files(source: Path, target: Path) -> None:
             shutil.copy2(item, target / item.name)
 
 
+def critic_worker_config(config: DictConfig) -> tuple[TrainingWorkerConfig, Any]:
+    """verl's value-model worker config for ``config.critic``, and the ``CriticConfig`` its loss reads.
+
+    Built as ``RayPPOTrainer.init_workers`` builds it: the critic is verl's generic
+    ``TrainingWorker`` with a value-head engine, its token budgets taken from the critic section.
+    """
+    from verl.utils.config import omega_conf_to_dataclass
+
+    critic: Any = omega_conf_to_dataclass(config.critic)
+    engine = critic.engine
+    engine.infer_max_token_len_per_gpu = critic.ppo_infer_max_token_len_per_gpu
+    engine.max_token_len_per_gpu = critic.ppo_max_token_len_per_gpu
+    worker_config = TrainingWorkerConfig(
+        model_type="value_model",
+        model_config=critic.model,
+        engine_config=engine,
+        optimizer_config=critic.optim,
+        checkpoint_config=critic.checkpoint,
+    )
+    return worker_config, critic
+
+
 @dataclass(frozen=True)
 class PolicyWorkers:
-    """The actor worker group and, when the config needs one, the reference worker group.
+    """The actor worker group and, when the config needs them, the reference and critic groups.
 
-    ``actor`` and ``ref`` are verl ``RayWorkerGroup`` s over the same Ray actors (one per rank), as
-    ``RayPPOTrainer`` holds them in ``actor_rollout_wg`` and ``ref_policy_wg``.
+    ``actor``, ``ref`` and ``critic`` are verl ``RayWorkerGroup`` s over the same Ray actors (one per
+    rank), as ``RayPPOTrainer`` holds them in ``actor_rollout_wg``, ``ref_policy_wg`` and ``critic_wg``.
     """
 
     config: DictConfig
@@ -174,6 +199,7 @@ class PolicyWorkers:
     actor: Any
     ref: Any | None
     pool: RayResourcePool
+    critic: Any | None = None
 
     def shutdown(self) -> None:
         """Kill the worker processes and free their placement groups (their CPUs/GPUs)."""
@@ -237,6 +263,49 @@ class PolicyWorkers:
         )
         return dict(tu.get(self.actor.update_actor(batch_td), "metrics"))
 
+    def compute_values(self, batch: DataProto) -> DataProto:
+        """The critic's value estimates of ``batch``'s responses: ``values``, (B, R)."""
+        critic = self._critic()
+        batch_td = self._no_padding(batch)
+        tu.assign_non_tensor(batch_td, compute_loss=False)
+        output = critic.infer_batch(batch_td).get()
+        values = no_padding_2_padding(tu.get(output, "values"), batch_td).float()
+        return DataProto.from_tensordict(tu.get_tensordict({"values": values}))
+
+    def update_critic(self, batch: DataProto) -> dict[str, Any]:
+        """One value-loss update of the critic on ``batch`` (which holds ``values`` and ``returns``).
+
+        Returns verl's critic metrics under ``critic/`` (its MFU as ``perf/mfu/critic``), the
+        names ``RayPPOTrainer._update_critic`` gives them.
+        """
+        critic = self._critic()
+        critic_config = self.config.critic
+        mini_batch_size = critic_config.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+        batch_td = self._no_padding(batch)
+        tu.assign_non_tensor(
+            batch_td,
+            global_batch_size=mini_batch_size,
+            mini_batch_size=mini_batch_size,
+            epochs=critic_config.ppo_epochs,
+            seed=critic_config.data_loader_seed,
+            dataloader_kwargs={"shuffle": critic_config.shuffle},
+        )
+        output = critic.train_mini_batch(batch_td).get()
+        metrics = {
+            key if key.startswith("critic/") else f"critic/{key}": value
+            for key, value in dict(tu.get(output, "metrics")).items()
+        }
+        if "critic/mfu" in metrics:
+            metrics["perf/mfu/critic"] = metrics.pop("critic/mfu")
+        return metrics
+
+    def _critic(self) -> Any:
+        if self.critic is None:
+            raise RuntimeError(
+                "the config uses no critic (algorithm.adv_estimator is not gae, critic.enable unset)"
+            )
+        return self.critic
+
     def save_hf_weights(self, path: str | os.PathLike[str]) -> Path:
         """Save the actor's weights as a Hugging Face model folder at ``path`` and return it."""
         self.actor.save_hf_weights(str(path))
@@ -247,25 +316,31 @@ class PolicyWorkers:
         return list(self.actor.describe_policy_loss())
 
 
-def build_policy_workers(config: DictConfig, *, use_reference_policy: bool | None = None) -> PolicyWorkers:
-    """Start the actor (and ref) workers for ``config`` on the running Ray cluster and init them.
+def build_policy_workers(
+    config: DictConfig, *, use_reference_policy: bool | None = None, use_critic: bool | None = None
+) -> PolicyWorkers:
+    """Start the actor (and ref, critic) workers for ``config`` on the running Ray cluster and init them.
 
     ``config`` is a full verl PPO config (see :func:`compose_verl_config`). The pool has
     ``trainer.n_gpus_per_node`` ranks on each of ``trainer.nnodes`` nodes; with
-    ``trainer.device=cpu`` those are CPU processes. ``use_reference_policy`` defaults to verl's own
-    rule (KL in the loss or in the reward).
+    ``trainer.device=cpu`` those are CPU processes. ``use_reference_policy`` and ``use_critic``
+    default to verl's own rules (KL in the loss or the reward; GAE or ``critic.enable``).
     """
-    from verl.trainer.ppo.utils import need_reference_policy
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.workers.utils.losses import value_loss
 
     device = str(config.trainer.device)
     worker_cls: type[AglActorRefWorker] = AglActorRefWorker
+    critic_cls: type[TrainingWorker] = TrainingWorker
     if device == "cpu":
-        from agl_trainer._cpu_platform import CpuActorRefWorker, enable_cpu_platform
+        from agl_trainer._cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
 
         enable_cpu_platform()
-        worker_cls = CpuActorRefWorker
+        worker_cls, critic_cls = CpuActorRefWorker, CpuCriticWorker
     if use_reference_policy is None:
         use_reference_policy = need_reference_policy(config)
+    if use_critic is None:
+        use_critic = need_critic(config)
     roles = ("actor", "ref") if use_reference_policy else ("actor",)
     pool = RayResourcePool(
         process_on_nodes=[int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),
@@ -277,6 +352,10 @@ def build_policy_workers(config: DictConfig, *, use_reference_policy: bool | Non
         role: RayClassWithInitArgs(cls=remote_cls, config=config.actor_rollout_ref, role=role)
         for role in roles
     }
+    critic_config: Any = None
+    if use_critic:
+        worker_config, critic_config = critic_worker_config(config)
+        class_dict["critic"] = RayClassWithInitArgs(cls=ray.remote(critic_cls), config=worker_config)
     colocated = RayWorkerGroup(
         resource_pool=pool,
         ray_cls_with_init=create_colocated_worker_cls(class_dict=class_dict),
@@ -286,6 +365,10 @@ def build_policy_workers(config: DictConfig, *, use_reference_policy: bool | Non
     ref = groups.get("ref")
     if ref is not None:
         ref.init_model()
+    critic = groups.get("critic")
+    if critic is not None:
+        critic.reset()  # builds the value model and its optimiser
+        critic.set_loss_fn(partial(value_loss, config=critic_config))
     actor = groups["actor"]
     actor.init_model()
-    return PolicyWorkers(config=config, actor=actor, ref=ref, pool=pool)
+    return PolicyWorkers(config=config, actor=actor, ref=ref, pool=pool, critic=critic)

@@ -1,0 +1,62 @@
+"""Start-up validation of agl-trainer's config: every invalid combination names its key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("verl")
+
+from agl_trainer.entrypoint import compose_config
+from agl_trainer.settings import validate_config
+
+pytestmark = pytest.mark.verl
+
+
+def test_default_config_validates_with_the_reference_defaults() -> None:
+    settings = validate_config(compose_config())
+    assert (settings.level, settings.max_prompt_length, settings.max_response_length) == (
+        "trajectory",
+        2048,
+        8192,
+    )
+    assert (settings.rollout_timeout_seconds, settings.reward_fillna_value) == (1800.0, 0.0)
+    assert settings.async_enabled is False
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (
+            ["agentlightning.async_rollout.enabled=true"],
+            "agentlightning.async_rollout.async_train_batch_size",
+        ),
+        (
+            [
+                "agentlightning.async_rollout.enabled=true",
+                "data.train_batch_size=4",
+                "agentlightning.async_rollout.async_train_batch_size=4",
+            ],
+            "agentlightning.async_rollout.async_train_batch_size",
+        ),
+        (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator=remax"),
+        (["agentlightning.trace_aggregator.level=episode"], "agentlightning.trace_aggregator.level"),
+        (
+            ["actor_rollout_ref.actor.policy_loss.loss_mode=no_such_loss"],
+            "policy_loss.loss_mode='no_such_loss'",
+        ),
+        (["algorithm.adv_estimator=gae"], "algorithm.enable_rollout_level_advantage"),
+        (["agentlightning.max_ppo_update_times=0"], "agentlightning.max_ppo_update_times"),
+        (["agentlightning.rollout_timeout_seconds=0"], "agentlightning.rollout_timeout_seconds"),
+    ],
+)
+def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(key)):
+        validate_config(compose_config(overrides))
+
+
+def test_gae_validates_once_rollout_level_advantage_is_off() -> None:
+    config = compose_config(["algorithm.adv_estimator=gae", "algorithm.enable_rollout_level_advantage=false"])
+    validate_config(config)
+    assert config.critic.model.path == config.actor_rollout_ref.model.path
