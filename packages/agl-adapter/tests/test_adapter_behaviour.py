@@ -379,6 +379,18 @@ def test_response_ids_of_wrong_type_name_the_field() -> None:
         _build(_adapter("transition"), [_unchecked(_rollout([]), [bad])])
 
 
+def test_ids_beyond_int64_name_the_rollout_and_turn() -> None:
+    bad = Triplet.model_construct(prompt_token_ids=[1, 2**63], response_token_ids=[3])
+    with pytest.raises(InvalidTraceError, match=r"rollout 'rX' turn 0: prompt_token_ids must hold int"):
+        _build(_adapter(), [_unchecked(_rollout([], rollout_id="rX"), [bad])])
+
+
+def test_log_probs_of_wrong_type_name_the_rollout_and_turn() -> None:
+    bad = Triplet.model_construct(prompt_token_ids=[1], response_token_ids=[3], response_log_probs=["x"])
+    with pytest.raises(InvalidTraceError, match=r"rollout 'rX' turn 1: response_log_probs must hold floats"):
+        _build(_adapter("transition"), [_unchecked(_rollout([], rollout_id="rX"), [_t([1], [2]), bad])])
+
+
 def test_input_triplets_are_not_mutated() -> None:
     triplets = [_t([1], [2], [-0.5]), _t([1, 2, 50], [3], [-0.25])]
     rollout = _rollout(triplets)
