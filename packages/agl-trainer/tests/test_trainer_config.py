@@ -49,6 +49,7 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
         (["algorithm.adv_estimator=gae"], "algorithm.enable_rollout_level_advantage"),
         (["agentlightning.max_ppo_update_times=0"], "agentlightning.max_ppo_update_times"),
         (["agentlightning.rollout_timeout_seconds=0"], "agentlightning.rollout_timeout_seconds"),
+        (["trainer.device=cpu"], "agentlightning.external_servers.endpoints"),
     ],
 )
 def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str], key: str) -> None:
@@ -60,3 +61,9 @@ def test_gae_validates_once_rollout_level_advantage_is_off() -> None:
     config = compose_config(["algorithm.adv_estimator=gae", "algorithm.enable_rollout_level_advantage=false"])
     validate_config(config)
     assert config.critic.model.path == config.actor_rollout_ref.model.path
+
+
+def test_verl_replicas_serve_exactly_when_no_external_endpoints_are_given() -> None:
+    assert validate_config(compose_config()).uses_verl_replicas is True
+    external = ["agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]", "trainer.device=cpu"]
+    assert validate_config(compose_config(external)).uses_verl_replicas is False

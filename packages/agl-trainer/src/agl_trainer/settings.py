@@ -39,6 +39,11 @@ class AglSettings:
     external_endpoints: tuple[str, ...]
     weights_dir: str | None
 
+    @property
+    def uses_verl_replicas(self) -> bool:
+        """Path 1: no external endpoints, so verl's hybrid-engine vLLM replicas serve the agents."""
+        return not self.external_endpoints
+
     @classmethod
     def from_config(cls, config: DictConfig) -> AglSettings:
         agl = config.agentlightning
@@ -116,6 +121,12 @@ def validate_config(config: DictConfig) -> AglSettings:
     if settings.rollout_timeout_seconds <= 0:
         raise ValueError(
             f"agentlightning.rollout_timeout_seconds must be > 0, got {settings.rollout_timeout_seconds}"
+        )
+    if settings.uses_verl_replicas and str(config.trainer.device) == "cpu":
+        raise ValueError(
+            "agentlightning.external_servers.endpoints is empty, so agl would start verl's vLLM replicas, "
+            "which need GPUs; with trainer.device=cpu give the OpenAI base URL of a CPU vLLM server "
+            "(e.g. agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1])"
         )
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
     return settings

@@ -50,6 +50,7 @@ from agl_rollout import (
     pause_and_drain,
 )
 from agl_trainer.datasets import collate_rows
+from agl_trainer.replicas import VerlReplicas
 from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, validate_config
 from agl_trainer.weights import NoWeightPush, WeightPusher
 from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
@@ -64,7 +65,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
     """GRPO on agent rollouts; see the module docstring.
 
     ``endpoints`` are the OpenAI base URLs of the inference servers agents reach through the
-    gateway; ``weight_pusher`` makes them serve the actor's weights after each update.
+    gateway; ``weight_pusher`` makes them serve the actor's weights after each update. With
+    ``agentlightning.external_servers.endpoints`` empty, :meth:`init_workers` starts verl's own
+    vLLM replicas instead (:mod:`agl_trainer.replicas`), which then serve as both.
     """
 
     def __init__(
@@ -78,7 +81,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         weight_pusher: WeightPusher | None = None,
     ) -> None:
         self.settings: AglSettings = validate_config(config)
-        if not endpoints:
+        if not endpoints and not self.settings.uses_verl_replicas:
             raise ValueError(
                 "agentlightning.external_servers.endpoints is empty: give the OpenAI base URL of at least one "
                 "inference server (e.g. http://127.0.0.1:8000/v1)"
@@ -130,13 +133,17 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.weight_version = 0
         self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
         self.policy_workers: PolicyWorkers | None = None
+        self.replicas: VerlReplicas | None = None
 
     # ---- workers -------------------------------------------------------------------------------
 
     def init_workers(self) -> None:
-        """Build verl's actor (and ref, critic) workers only: generation happens on external servers."""
+        """Build verl's actor (and ref, critic) workers, and verl's vLLM replicas unless servers are external."""
         workers = build_policy_workers(
-            self.config, use_reference_policy=self.use_reference_policy, use_critic=self.use_critic
+            self.config,
+            use_reference_policy=self.use_reference_policy,
+            use_critic=self.use_critic,
+            with_rollout=self.settings.uses_verl_replicas,
         )
         self.policy_workers = workers
         self.actor_rollout_wg = workers.actor
@@ -153,9 +160,16 @@ class AglRayPPOTrainer(RayPPOTrainer):
                     f"the actor workers resolve loss_mode={loss_mode!r} to {seen}; the Ray worker setup hook "
                     "did not register agl's loss (run through agl_trainer.run_ppo)"
                 )
+        if self.settings.uses_verl_replicas:
+            self.replicas = VerlReplicas.start(self.config, workers)
+            self.endpoints = self.replicas.addresses
+            self.weight_pusher = self.replicas
 
     def shutdown(self) -> None:
-        """Stop the workers and close the server client; the Ray cluster itself stays up."""
+        """Stop the replicas and workers and close the server client; the Ray cluster itself stays up."""
+        if self.replicas is not None:
+            self.replicas.shutdown()
+            self.replicas = None
         if self.policy_workers is not None:
             self.policy_workers.shutdown()
             self.policy_workers = None
@@ -215,8 +229,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
     # ---- one training step -----------------------------------------------------------------------
 
     def train_step(self, timing: dict[str, float]) -> dict[str, Any]:
-        """Collect, adapt, cut, score, update (critic, then actor after ``trainer.critic_warmup``
-        steps), push. Returns the step's metrics.
+        """Collect, adapt, cut, release the inference servers' memory, score, update (critic, then
+        actor after ``trainer.critic_warmup`` steps), push. Returns the step's metrics.
 
         A step whose batch ends up with zero trainable rows logs why and returns its metrics
         without an update; the caller still validates and checkpoints on schedule.
@@ -240,6 +254,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         if self.config.trainer.balance_batch:
             self._balance_batch(batch, metrics=metrics)
+        self.weight_pusher.release()
         with marked_timer("old_log_prob", timing):
             old = self.workers.compute_log_prob(batch)
             old.batch.pop("entropys")
@@ -271,8 +286,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 )
             )
             self.weight_version = self.global_steps
-            with marked_timer("update_weights", timing):
-                metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
+        with marked_timer("update_weights", timing):
+            metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
         return metrics
 
@@ -399,8 +414,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         )
         self.global_steps = 0
         self._load_checkpoint()
-        if self.global_steps > 0:
-            self.weight_pusher.push(self.workers, self.weight_version)
+        self.weight_pusher.push(self.workers, self.weight_version)
         if trainer_cfg.get("val_before_train", True):
             tracker.log(data=self.validate(), step=self.global_steps)
             if trainer_cfg.get("val_only", False):

@@ -2,6 +2,7 @@
 
 Path 2 of the trainer (external OpenAI-compatible servers it does not host): the actor's weights
 are saved in Hugging Face format and each vLLM server is asked to reload them from that folder.
+Path 1 (verl's own replicas) implements the same protocol in :mod:`agl_trainer.replicas`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+import httpx
+
+from agl_trainer.local.errors import WeightPushError
 from agl_trainer.local.vllm_client import VllmClient
 from agl_trainer.workers import PolicyWorkers
 
@@ -18,13 +22,27 @@ _PROBE_IDS = tuple(range(1, 9))
 
 
 class WeightPusher(Protocol):
-    """Makes the servers serve the actor's current weights, tagged ``version``."""
+    """Moves the actor's weights to the inference servers.
 
-    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]: ...
+    The trainer calls :meth:`release` before a step's training computations and :meth:`push`
+    after them (and once before the first step), whether or not the actor changed: both are
+    no-ops when there is nothing to do.
+    """
+
+    def release(self) -> None:
+        """Free what the servers hold on the training devices (verl's replicas sleep)."""
+        ...
+
+    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        """Make the servers serve the actor's current weights, tagged ``version``; return metrics."""
+        ...
 
 
 class NoWeightPush:
     """For servers that need no push (e.g. a test's stand-in server)."""
+
+    def release(self) -> None:
+        return None
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         return {}
@@ -33,24 +51,38 @@ class NoWeightPush:
 class ExternalVllmPush:
     """Save HF weights to ``weights_dir/step_<version>`` and reload them on every vLLM server.
 
-    Only the newest folder is kept: once every server has reloaded, older ones are removed.
+    Only the newest folder is kept: once every server has reloaded, older ones are removed. The
+    servers start with the initial model (version 0); pushing the version they serve is a no-op.
     """
 
     def __init__(self, endpoints: Sequence[str], model: str, weights_dir: Path) -> None:
         self.endpoints = tuple(endpoints)
         self.model = model
         self.weights_dir = Path(weights_dir)
+        self.served_version = 0
+
+    def release(self) -> None:
+        return None  # the servers run on their own devices
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        if version == self.served_version:
+            return {"training/weight_version": float(version)}
         target = self.weights_dir / f"step_{version}"
         workers.save_hf_weights(target)
         for endpoint in self.endpoints:
-            with VllmClient(_server_root(endpoint), self.model) as client:
-                # push_weights fails loudly when the served log-probs of the probe did not change.
-                client.push_weights(target, _PROBE_IDS)
+            try:
+                with VllmClient(_server_root(endpoint), self.model) as client:
+                    # push_weights fails loudly when the served log-probs of the probe did not change.
+                    client.push_weights(target, _PROBE_IDS)
+            except httpx.HTTPError as exc:
+                raise WeightPushError(
+                    f"could not push weights version {version} ({target}) to the vLLM server at {endpoint}: "
+                    f"{exc!r}; check agentlightning.external_servers.endpoints"
+                ) from exc
         for old in self.weights_dir.glob("step_*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
+        self.served_version = version
         return {"training/weight_version": float(version)}
 
 

@@ -317,7 +317,11 @@ class PolicyWorkers:
 
 
 def build_policy_workers(
-    config: DictConfig, *, use_reference_policy: bool | None = None, use_critic: bool | None = None
+    config: DictConfig,
+    *,
+    use_reference_policy: bool | None = None,
+    use_critic: bool | None = None,
+    with_rollout: bool = False,
 ) -> PolicyWorkers:
     """Start the actor (and ref, critic) workers for ``config`` on the running Ray cluster and init them.
 
@@ -325,6 +329,8 @@ def build_policy_workers(
     ``trainer.n_gpus_per_node`` ranks on each of ``trainer.nnodes`` nodes; with
     ``trainer.device=cpu`` those are CPU processes. ``use_reference_policy`` and ``use_critic``
     default to verl's own rules (KL in the loss or the reward; GAE or ``critic.enable``).
+    ``with_rollout`` gives the actor workers verl's rollout role too (``actor_rollout``), which
+    verl's hybrid-engine replicas need (:mod:`agl_trainer.replicas`; GPUs only).
     """
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.workers.utils.losses import value_loss
@@ -341,7 +347,8 @@ def build_policy_workers(
         use_reference_policy = need_reference_policy(config)
     if use_critic is None:
         use_critic = need_critic(config)
-    roles = ("actor", "ref") if use_reference_policy else ("actor",)
+    actor_role = "actor_rollout" if with_rollout else "actor"
+    roles = (actor_role, "ref") if use_reference_policy else (actor_role,)
     pool = RayResourcePool(
         process_on_nodes=[int(config.trainer.n_gpus_per_node)] * int(config.trainer.nnodes),
         use_gpu=device != "cpu",
@@ -369,6 +376,6 @@ def build_policy_workers(
     if critic is not None:
         critic.reset()  # builds the value model and its optimiser
         critic.set_loss_fn(partial(value_loss, config=critic_config))
-    actor = groups["actor"]
+    actor = groups[actor_role]
     actor.init_model()
     return PolicyWorkers(config=config, actor=actor, ref=ref, pool=pool, critic=critic)
