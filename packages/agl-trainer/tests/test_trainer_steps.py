@@ -120,6 +120,7 @@ def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
     model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:
     trainer = _trainer(model_path, fresh_agl_server, tmp_path)
+    pushes = _record_weight_pushes(trainer)
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating()) as agents:
         before = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
         timing: dict[str, float] = {}
@@ -131,6 +132,7 @@ def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
     assert "actor/pg_clipfrac" in metrics
     assert metrics["actor/grad_norm"] > 0
     assert not bool((before == after).all()), "the actor's weights did not change"
+    assert pushes == ["release", "push 1"]  # servers freed before training, given version 1 after
     assert len(agents.stats.claimed) == 4
     assert trainer.client.list_rollouts(["queuing", "running", "succeeded", "failed"]) == []
 
@@ -170,8 +172,10 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
     )
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating(slow_x=0)):
         trainer = _trainer(model_path, fresh_agl_server, tmp_path, *extra)
+        pushes = _record_weight_pushes(trainer)
         trainer.fit()
         assert trainer.global_steps == 3
+        assert pushes == ["push 0", "release", "push 1", "release", "push 2"]
         state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
         assert state["weight_version"] == 2
         assert len(state["async_state"]["groups"]) >= 1  # the slow group is carried, not lost
@@ -179,8 +183,10 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
 
         resumed = _trainer(model_path, fresh_agl_server, tmp_path, *extra, "trainer.total_training_steps=3")
         trained = _record_trained_data_ids(resumed)
+        resumed_pushes = _record_weight_pushes(resumed)
         resumed.fit()
     assert resumed.global_steps == 4
+    assert resumed_pushes == ["push 2", "release", "push 3"]  # the checkpoint's weights first
     after = json.loads((tmp_path / "ckpt" / "global_step_3" / "agl_state.json").read_text())
     assert after["weight_version"] == 3
     assert len(trained) == 4  # step 3 trained two whole groups of rollout.n=2
@@ -200,8 +206,10 @@ def test_step_with_no_trainable_rows_is_logged_and_still_validates_and_checkpoin
         "trainer.total_training_steps=1",
     )
     steps = _record_step_metrics(trainer)
+    pushes = _record_weight_pushes(trainer)
     with FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(turns=1, reward=1.0)) as agents:
         trainer.fit()
+    assert pushes == ["push 0"]  # a step that trains nothing neither frees nor reloads the servers
     assert steps[0]["training/n_sample_collected"] == 4
     assert steps[0]["training/n_sample_trained"] == 0
     assert trainer.weight_version == 0
@@ -220,6 +228,25 @@ def _record_trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
         return build_batch(completed, **kwargs)
 
     trainer.adapter.build_batch = recording  # type: ignore[method-assign]
+    return seen
+
+
+def _record_weight_pushes(trainer: AglRayPPOTrainer) -> list[str]:
+    """Spy on the weight pusher: ``"release"`` and ``"push <version>"``, in call order."""
+    seen: list[str] = []
+    pusher = trainer.weight_pusher
+    release, push = pusher.release, pusher.push
+
+    def recording_release() -> None:
+        seen.append("release")
+        release()
+
+    def recording_push(workers: Any, version: int) -> dict[str, float]:
+        seen.append(f"push {version}")
+        return push(workers, version)
+
+    pusher.release = recording_release  # type: ignore[method-assign]
+    pusher.push = recording_push  # type: ignore[method-assign]
     return seen
 
 
