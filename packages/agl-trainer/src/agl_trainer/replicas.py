@@ -73,9 +73,10 @@ class VerlReplicas:
         if self._awake and self._served_version == version:
             return {"training/weight_version": float(version)}
         self.release()
-        metrics = self._checkpoints.update_weights(version) or {}
+        sync_metrics = self._checkpoints.update_weights(version) or {}
         self._awake, self._served_version = True, version
-        return {**{str(k): float(v) for k, v in metrics.items()}, "training/weight_version": float(version)}
+        numeric = {str(k): float(v) for k, v in sync_metrics.items() if isinstance(v, int | float)}
+        return {**numeric, "training/weight_version": float(version)}
 
     def shutdown(self) -> None:
         """Stop the replicas' server actors (the actor workers are stopped with their group)."""
