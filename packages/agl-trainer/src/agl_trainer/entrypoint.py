@@ -76,14 +76,12 @@ def build_trainer(
     val = InMemoryDataset(val_dataset, name="val_dataset")
     init_ray(config)
     tokenizer = hf_tokenizer(str(config.actor_rollout_ref.model.path))
-    endpoints = list(settings.external_endpoints)
     trainer = AglRayPPOTrainer(
         config,
         tokenizer,
         train_dataset=train,
         val_dataset=val,
-        endpoints=endpoints,
-        weight_pusher=weight_pusher or default_weight_pusher(config, endpoints),
+        weight_pusher=weight_pusher or default_weight_pusher(config, settings.external_endpoints),
     )
     trainer.init_workers()
     return trainer

@@ -30,8 +30,9 @@ class VerlReplicas:
     def __init__(self, servers: Any, checkpoints: Any) -> None:
         self._servers = servers
         self._checkpoints = checkpoints
-        self._awake = False  # verl's replicas start asleep, waiting for the first weight sync
-        self._served_version: int | None = None
+        # The version the replicas serve while awake; None while asleep. verl's replicas start
+        # asleep, waiting for the first weight sync.
+        self._serving: int | None = None
 
     @classmethod
     def start(cls, config: DictConfig, workers: PolicyWorkers) -> VerlReplicas:
@@ -60,9 +61,9 @@ class VerlReplicas:
 
     def release(self) -> None:
         """Sleep the replicas (weights and KV cache off the GPU) so training has the memory."""
-        if self._awake:
+        if self._serving is not None:
             self._checkpoints.sleep_replicas()
-            self._awake = False
+            self._serving = None
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """Make every replica serve the actor's current weights as ``version``, awake.
@@ -70,17 +71,17 @@ class VerlReplicas:
         A sleeping replica has dropped its weights, so waking it always syncs them; an awake one
         already serving ``version`` is left alone.
         """
-        if self._awake and self._served_version == version:
+        if self._serving == version:
             return {"training/weight_version": float(version)}
         self.release()
         sync_metrics = self._checkpoints.update_weights(version) or {}
-        self._awake, self._served_version = True, version
+        self._serving = version
         numeric = {str(k): float(v) for k, v in sync_metrics.items() if isinstance(v, int | float)}
         return {**numeric, "training/weight_version": float(version)}
 
     def shutdown(self) -> None:
         """Stop the replicas' server actors (the actor workers are stopped with their group)."""
-        for handle in getattr(self._servers, "server_handles", None) or []:
+        for handle in self._servers.server_handles:
             ray.kill(handle)
 
 

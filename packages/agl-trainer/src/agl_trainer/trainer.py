@@ -64,10 +64,10 @@ _STATE_FILE = "agl_state.json"
 class AglRayPPOTrainer(RayPPOTrainer):
     """GRPO on agent rollouts; see the module docstring.
 
-    ``endpoints`` are the OpenAI base URLs of the inference servers agents reach through the
-    gateway; ``weight_pusher`` makes them serve the actor's weights after each update. With
-    ``agentlightning.external_servers.endpoints`` empty, :meth:`init_workers` starts verl's own
-    vLLM replicas instead (:mod:`agl_trainer.replicas`), which then serve as both.
+    Agents reach the inference servers through the gateway: the ones named in
+    ``agentlightning.external_servers.endpoints``, to which ``weight_pusher`` gives the actor's
+    weights after each update; or, with that list empty, verl's own vLLM replicas, which
+    :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
     """
 
     def __init__(
@@ -77,15 +77,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
         *,
         train_dataset: Any,
         val_dataset: Any,
-        endpoints: list[str],
         weight_pusher: WeightPusher | None = None,
     ) -> None:
         self.settings: AglSettings = validate_config(config)
-        if not endpoints and not self.settings.uses_verl_replicas:
-            raise ValueError(
-                "agentlightning.external_servers.endpoints is empty: give the OpenAI base URL of at least one "
-                "inference server (e.g. http://127.0.0.1:8000/v1)"
-            )
         super().__init__(
             config=config,
             tokenizer=tokenizer,
@@ -96,7 +90,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             val_dataset=val_dataset,
             collate_fn=collate_rows,
         )
-        self.endpoints = list(endpoints)
+        self.endpoints = list(self.settings.external_endpoints)
         self.weight_pusher: WeightPusher = weight_pusher or NoWeightPush()
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
         self.hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
