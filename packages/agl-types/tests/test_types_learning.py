@@ -49,6 +49,31 @@ def test_triplet_rejects_non_finite_log_probs(bad: float) -> None:
         Triplet(prompt_token_ids=[1], response_token_ids=[2, 3], response_log_probs=[-0.1, bad])
 
 
+@pytest.mark.parametrize("bad", ["-0.5", True])
+def test_triplet_rejects_log_probs_that_are_not_numbers(bad: object) -> None:
+    with pytest.raises(ValidationError) as err:
+        Triplet.model_validate(
+            {"prompt_token_ids": [1], "response_token_ids": [2], "response_log_probs": [bad]}
+        )
+    assert [(e["loc"], e["type"]) for e in err.value.errors()] == [(("response_log_probs", 0), "float_type")]
+
+
+def test_triplet_accepts_integer_and_signed_zero_log_probs() -> None:
+    triplet = Triplet.model_validate_json(
+        '{"prompt_token_ids": [1], "response_token_ids": [2, 3, 4], "response_log_probs": [0, -0.0, -2]}'
+    )
+    assert triplet.response_log_probs == [0.0, -0.0, -2.0]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_triplet_rejects_non_finite_reward_naming_the_field(bad: float) -> None:
+    with pytest.raises(ValidationError) as err:
+        Triplet(prompt_token_ids=[1], response_token_ids=[2], reward=bad)
+    (error,) = err.value.errors()
+    assert error["loc"] == ("reward",)
+    assert error["msg"] == f"Value error, reward is {bad}; a reward must be finite or None"
+
+
 def test_triplet_accepts_missing_reward_and_log_probs() -> None:
     triplet = Triplet(prompt_token_ids=[], response_token_ids=[5])
     assert triplet.reward is None
@@ -93,8 +118,11 @@ def test_completed_rollout_rejects_non_terminal_state() -> None:
 
 
 def test_completed_rollout_rejects_non_finite_reward() -> None:
-    with pytest.raises(ValidationError, match="final_reward is nan"):
+    with pytest.raises(ValidationError) as err:
         _completed(final_reward=math.nan)
+    (error,) = err.value.errors()
+    assert error["loc"] == ("final_reward",)
+    assert error["msg"] == "Value error, final_reward is nan; a reward must be finite or None"
 
 
 def test_completed_rollout_repr_is_compact() -> None:

@@ -13,6 +13,7 @@ from agl_types import (
     Event,
     EventCreate,
     ModelRegistration,
+    ModelRequestData,
     PauseRequest,
     PauseState,
     RewardData,
@@ -23,6 +24,7 @@ from agl_types import (
     RolloutPatch,
     RolloutState,
     RolloutStatusPatch,
+    ServerRef,
     TerminalRolloutsPage,
     TripletModelRequestData,
 )
@@ -107,9 +109,11 @@ def test_invalid_transition_is_a_409_naming_both_states(agl_server: AglServerPro
 def test_events_round_trip_raw_and_triplet(agl_server: AglServerProcess) -> None:
     (rollout,) = _create(agl_server, RolloutCreate(input=None, rollout_id=_new_id()))
     rid = rollout.rollout_id
-    model_request = {
-        "model": "m",
-        "response": {
+    request = ModelRequestData(
+        model="m",
+        model_version=3,
+        request={"model": "m", "prompt": [1, 2, 3]},
+        response={
             "choices": [
                 {
                     "prompt_token_ids": [1, 2, 3],
@@ -118,13 +122,14 @@ def test_events_round_trip_raw_and_triplet(agl_server: AglServerProcess) -> None
                 }
             ]
         },
-        "server": {"model": "m", "endpoint": "http://x/v1", "version": 3},
-        "http_status": 200,
-        "status": "ok",
-    }
+        server=ServerRef(model="m", endpoint="http://x/v1", version=3),
+        latency_ms=12.5,
+        http_status=200,
+        finish_reason="stop",
+    )
     posted: list[Event] = []
     for create in (
-        EventCreate(event_type="model_request", data=model_request),
+        EventCreate(event_type="model_request", data=request.model_dump(mode="json", exclude_none=True)),
         EventCreate(
             event_type="reward",
             data=RewardData(value=0.75, message="m", source="agent").model_dump(exclude_none=True),
@@ -138,6 +143,7 @@ def test_events_round_trip_raw_and_triplet(agl_server: AglServerProcess) -> None
 
     raw = [Event.model_validate(e) for e in _api(agl_server, "GET", f"/api/rollouts/{rid}/events").body]
     assert raw == posted
+    assert ModelRequestData.model_validate(raw[0].data) == request
 
     triplet = [
         Event.model_validate(e)

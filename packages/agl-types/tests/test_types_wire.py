@@ -7,9 +7,11 @@ from pydantic import ValidationError
 
 from agl_types import (
     TERMINAL_STATES,
+    ModelRequestData,
     RolloutCreate,
     RolloutState,
     RolloutStatusPatch,
+    ServerRef,
     TripletModelRequestData,
     is_terminal,
 )
@@ -73,3 +75,21 @@ def test_status_patch_forbids_unknown_keys_like_the_server() -> None:
 )
 def test_triplet_model_request_is_error(data: dict[str, object], expected: bool) -> None:
     assert TripletModelRequestData.model_validate(data).is_error is expected
+
+
+@pytest.mark.parametrize("bad", ["-0.5", True])
+def test_triplet_model_request_rejects_log_probs_that_are_not_numbers(bad: object) -> None:
+    with pytest.raises(ValidationError) as err:
+        TripletModelRequestData.model_validate({"response_token_ids": [4], "response_log_probs": [bad]})
+    assert [(e["loc"], e["type"]) for e in err.value.errors()] == [(("response_log_probs", 0), "float_type")]
+
+
+def test_model_request_data_keeps_the_serving_endpoint() -> None:
+    data = ModelRequestData.model_validate(
+        {
+            "model": "m",
+            "server": {"model": "m", "endpoint": "http://x/v1", "version": 2},
+            "routed_experts": None,
+        }
+    )
+    assert data.server == ServerRef(model="m", endpoint="http://x/v1", version=2)

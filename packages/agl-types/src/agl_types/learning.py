@@ -9,11 +9,29 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from agl_types.wire import RolloutState, is_terminal
+from agl_types.wire import LogProb, RolloutState, is_terminal
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
+
+
+def _finite_reward(value: float | None, info: ValidationInfo) -> float | None:
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{info.field_name} is {value}; a reward must be finite or None")
+    return value
+
+
+Reward = Annotated[float | None, AfterValidator(_finite_reward)]
 
 
 def _ids_summary(ids: list[int]) -> str:
@@ -32,8 +50,8 @@ class Triplet(BaseModel):
 
     prompt_token_ids: list[TokenId]
     response_token_ids: list[TokenId]
-    response_log_probs: list[float] | None = None
-    reward: float | None = None
+    response_log_probs: list[LogProb] | None = None
+    reward: Reward = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("response_log_probs")
@@ -115,20 +133,13 @@ class CompletedRollout(BaseModel):
     enqueue_time: float
     running_at: float | None = None
     finished_at: float | None = None
-    final_reward: float | None = None
+    final_reward: Reward = None
     triplets: list[Triplet] = Field(default_factory=list)
     rollout_state: RolloutState
     error_message: str | None = None
     timed_out: bool = False
     input: Any = None
     metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("final_reward")
-    @classmethod
-    def _finite_reward(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"final_reward is {value}; a reward must be finite or None")
-        return value
 
     @field_validator("rollout_state")
     @classmethod

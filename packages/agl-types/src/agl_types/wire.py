@@ -11,9 +11,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat
 
 DEFAULT_ATTEMPT_ID = "0"
+
+# A number, never a string or a bool that pydantic would otherwise coerce. Not capped at 0:
+# log-probs are <= 0 in exact arithmetic, but an engine that subtracts a separately computed
+# logsumexp can round a near-certain token's just above 0.
+LogProb = StrictFloat
 
 
 class RolloutState(StrEnum):
@@ -184,6 +189,17 @@ class EventCreate(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class ServerRef(BaseModel):
+    """Which registered endpoint served a model call, and its weight version.
+
+    The triplet channel trims it to ``model`` and ``version``; the raw event also has ``endpoint``.
+    """
+
+    model: str | None = None
+    endpoint: str | None = None
+    version: int | None = None
+
+
 class ModelRequestData(BaseModel):
     """Raw payload of a ``model_request`` event, as the gateway proxy records it."""
 
@@ -198,13 +214,7 @@ class ModelRequestData(BaseModel):
     retry_count: int = 0
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
-
-
-class ServerRef(BaseModel):
-    """Which registered endpoint served a model call, and its weight version."""
-
-    model: str | None = None
-    version: int | None = None
+    server: ServerRef | None = None
 
 
 class TripletModelRequestData(BaseModel):
@@ -212,7 +222,7 @@ class TripletModelRequestData(BaseModel):
 
     prompt_token_ids: list[int] = Field(default_factory=list)
     response_token_ids: list[int] = Field(default_factory=list)
-    response_log_probs: list[float] | None = None
+    response_log_probs: list[LogProb] | None = None
     server: ServerRef = Field(default_factory=ServerRef)
     http_status: int | None = None
     status: str | None = None
