@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -13,12 +11,12 @@ from hypothesis import strategies as st
 
 from agl_algos import (
     RolloutConsistencyError,
+    broadcast_rollout_scalars,
     compute_rollout_level_advantage,
     extract_rollout_scalars,
     grpo_outcome_advantage,
+    rollout_layout,
 )
-
-HALF_OVER_STD = 0.5 / (math.sqrt(1 / 3) + 1e-6)  # rewards {1,0,0,1}: mean 0.5, unbiased std sqrt(1/3)
 
 
 def rewards_on_last_token(row_rewards: list[float], mask: torch.Tensor) -> torch.Tensor:
@@ -30,13 +28,13 @@ def rewards_on_last_token(row_rewards: list[float], mask: torch.Tensor) -> torch
 
 
 def test_grpo_over_one_row_per_rollout_gives_plus_minus_0_866() -> None:
+    # rewards {1,0,0,1}: mean 0.5, unbiased std sqrt(1/3) = 0.57735027; 0.5 / (0.57735027 + 1e-6) = 0.8660239
     mask = torch.ones(4, 3)
     result = compute_rollout_level_advantage(
         rewards_on_last_token([1, 0, 0, 1], mask), mask, ["a", "b", "c", "d"], ["g"] * 4
     )
-    expected = torch.tensor([HALF_OVER_STD, -HALF_OVER_STD, -HALF_OVER_STD, HALF_OVER_STD]).unsqueeze(-1)
+    expected = torch.tensor([0.8660239, -0.8660239, -0.8660239, 0.8660239]).unsqueeze(-1)
     torch.testing.assert_close(result.advantages, expected.expand(4, 3), rtol=0, atol=1e-7)
-    assert round(HALF_OVER_STD, 4) == 0.8660
 
 
 def test_multi_row_rollout_counts_once_in_its_group_and_shares_its_value() -> None:
@@ -44,9 +42,8 @@ def test_multi_row_rollout_counts_once_in_its_group_and_shares_its_value() -> No
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 0, 0]])
     rewards = rewards_on_last_token([1, 1, 0, 0], mask)
     result = compute_rollout_level_advantage(rewards, mask, ["a", "a", "b", "c"], ["g"] * 4)
-    # mean 1/3, unbiased std sqrt(1/3): a -> (2/3)/std, b, c -> (-1/3)/std
-    std = math.sqrt(1 / 3) + 1e-6
-    a, other = (2 / 3) / std, (-1 / 3) / std
+    # mean 1/3, unbiased std sqrt(1/3): a -> (2/3) / (0.57735027 + 1e-6), b, c -> (-1/3) / (0.57735027 + 1e-6)
+    a, other = 1.1546985, -0.5773493
     expected = torch.tensor([[a, a, 0], [a, 0, 0], [other, other, other], [other, 0, 0]])
     torch.testing.assert_close(result.advantages, expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(result.returns, expected, rtol=0, atol=1e-6)
@@ -62,7 +59,7 @@ def test_multi_row_rollout_counts_once_in_its_group_and_shares_its_value() -> No
 def test_group_of_one_uses_mean_zero_and_std_one() -> None:
     scores = torch.tensor([0.5, 2.0, 4.0])
     normed = grpo_outcome_advantage(scores, ["x", "y", "y"])
-    assert normed[0].item() == pytest.approx(0.5 / (1 + 1e-6), abs=1e-7)
+    assert normed[0].item() == pytest.approx(0.4999995, abs=1e-7)
     raw = grpo_outcome_advantage(scores, ["x", "y", "y"], norm_adv_by_std_in_grpo=False)
     assert raw.tolist() == [0.5, -1.0, 1.0]
 
@@ -133,6 +130,42 @@ def test_extract_rollout_scalars_rejects_token_varying_values() -> None:
 def test_extract_rollout_scalars_rejects_a_row_without_trained_tokens() -> None:
     with pytest.raises(RolloutConsistencyError, match=r"rollout_id='e' has no trained token"):
         extract_rollout_scalars(torch.zeros(1, 2), torch.zeros(1, 2), ["e"])
+
+
+def test_rollout_layout_numbers_rollouts_by_first_appearance() -> None:
+    layout = rollout_layout(
+        ["r2", "r1", "r2", "r3", "r1"], ["g"] * 5, torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0])
+    )
+    assert layout.rollout_of_row.tolist() == [0, 1, 0, 2, 1]
+    assert layout.representatives.tolist() == [0, 1, 3]
+    assert layout.rollout_ids.tolist() == ["r2", "r1", "r3"]
+    assert layout.rows_per_rollout.tolist() == [2, 2, 1]
+    assert layout.metrics() == {
+        "training/rollout_level_advantage/n_rows": 5,
+        "training/rollout_level_advantage/n_rollouts": 3,
+        "training/rollout_level_advantage/n_multi_row_rollouts": 2,
+        "training/rollout_level_advantage/max_rows_per_rollout": 2,
+    }
+
+
+def test_rollout_layout_of_no_rows_is_empty_with_zero_metrics() -> None:
+    layout = rollout_layout([], [], torch.zeros(0))
+    assert layout.rollout_of_row.tolist() == [] and layout.representatives.tolist() == []
+    assert layout.metrics()["training/rollout_level_advantage/max_rows_per_rollout"] == 0
+
+
+def test_broadcast_rollout_scalars_puts_each_rollout_value_on_its_trained_tokens() -> None:
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    out = broadcast_rollout_scalars(torch.tensor([2.5, -1.0]), np.array([1, 0, 1]), mask)
+    assert out.dtype == torch.float32
+    assert out.tolist() == [[-1.0, -1.0, 0.0], [0.0, 2.5, 2.5], [-1.0, 0.0, 0.0]]
+
+
+def test_broadcast_rollout_scalars_casts_float64_scalars_to_float32() -> None:
+    out = broadcast_rollout_scalars(
+        torch.tensor([0.1], dtype=torch.float64), np.array([0, 0]), torch.ones(2, 1)
+    )
+    assert out.dtype == torch.float32 and out.flatten().tolist() == [0.10000000149011612] * 2
 
 
 @st.composite

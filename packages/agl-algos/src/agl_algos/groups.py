@@ -1,8 +1,11 @@
 """GRPO group bookkeeping: zero-advantage groups, the mini-batch cut that drops them first, metrics.
 
-A GRPO group (rows sharing a uid, i.e. one train sample's ``data_id``) whose rewards are all equal has
-zero advantage everywhere and yields no policy gradient. When a step's batch must be cut to a multiple of
-the mini-batch size, rows of such groups are the cheapest to lose, so they are dropped first.
+A GRPO group (rows sharing a uid, i.e. one train sample's ``data_id``) of two or more rollouts whose rewards
+are all equal has zero advantage everywhere and yields no policy gradient. When a step's batch must be cut
+to a multiple of the mini-batch size, rows of such groups are the cheapest to lose, so they are dropped
+first. As in the reference, a group holding a single rollout (one row, or several rows of one rollout,
+e.g. with ``rollout.n = 1``) also counts as same-reward, both as a drop candidate and in
+``n_zero_adv_groups``, although GRPO gives it ``s / (1 + 1e-6)``, not 0; kept for compatibility.
 """
 
 from __future__ import annotations
