@@ -4,7 +4,10 @@ It relays one request at a time per client connection (keep-alive on both sides)
 for requests matching a rule, either resets the client connection before forwarding
 (``"reset"``: the server never sees the request) or forwards the request and resets the
 client connection instead of relaying the answer (``"drop_response"``: the server acted,
-the client never hears of it). Standard library only.
+the client never hears of it), or answers ``503 Service Unavailable`` itself without
+forwarding (``"answer_503"``: a fake fault standing in for an overloaded server or a load
+balancer with no healthy backend, which the real agl-server cannot be made to produce).
+Every request it reads is logged in ``requests``. Standard library only.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ import threading
 from dataclasses import dataclass
 from typing import Literal
 
-Fault = Literal["reset", "drop_response"]
+Fault = Literal["reset", "drop_response", "answer_503"]
+
+_BODY_503 = b'{"detail":"fake 503 injected by FaultProxy"}'
+_ANSWER_503 = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {len(_BODY_503)}\r\n\r\n".encode()
+    + _BODY_503
+)
 
 
 @dataclass
@@ -86,6 +96,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.injected: list[tuple[str, str, Fault]] = []
+        self.requests: list[tuple[str, str]] = []
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
     @property
@@ -114,6 +125,7 @@ class FaultProxy:
     def _fault_for(self, request: bytes) -> Fault | None:
         method, path = request.split(b" ", 2)[:2]
         with self._lock:
+            self.requests.append((method.decode(), path.decode()))
             for rule in self._rules:
                 if (
                     rule.remaining > 0
@@ -145,6 +157,9 @@ class FaultProxy:
                 if fault == "reset":
                     _reset(client)
                     return
+                if fault == "answer_503":
+                    client.sendall(_ANSWER_503)
+                    continue
                 if upstream is None:
                     upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=30)
                 upstream.sendall(request)

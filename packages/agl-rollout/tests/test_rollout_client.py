@@ -14,6 +14,7 @@ import pytest
 
 from agl_rollout import AglClient, AglHTTPError, model_registrations, pause_and_drain
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fault_proxy import FaultProxy
 from agl_types import EventCreate, RolloutCreate, RolloutState, RolloutStatusPatch
 
 pytestmark = pytest.mark.server
@@ -147,6 +148,47 @@ def test_registered_weight_version_reaches_events_and_stale_endpoints_are_remove
         ]
     assert statuses == [200] * 6
     assert versions == [2] * 6
+
+
+def test_registration_deletes_only_when_an_endpoint_is_gone(fresh_agl_server: AglServerProcess) -> None:
+    a, b = "127.0.0.1:9", "127.0.0.1:10"
+    with FaultProxy(fresh_agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY) as client:
+        for version, endpoints in enumerate([[a], [a], [a, b], [b]]):
+            client.register_models(model_registrations(TEST_MODEL_NAME, endpoints, version=version))
+    assert proxy.requests == [
+        ("DELETE", "/api/models"),
+        ("POST", "/api/models"),
+        ("POST", "/api/models"),
+        ("POST", "/api/models"),
+        ("DELETE", "/api/models"),
+        ("POST", "/api/models"),
+    ]
+
+
+def test_model_calls_during_reregistration_never_find_the_model_missing(
+    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
+) -> None:
+    live = [f"127.0.0.1:{upstream.server_address[1]}"]
+    statuses: list[int] = []
+    done = threading.Event()
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        client.register_models(model_registrations(TEST_MODEL_NAME, live, version=0))
+        [r] = client.create_rollouts([_request()])
+
+        def call_until_done() -> None:
+            while not done.is_set():
+                statuses.append(_proxy_call(fresh_agl_server.url, r.rollout_id).status_code)
+
+        caller = threading.Thread(target=call_until_done)
+        caller.start()
+        for version in range(1, 31):
+            client.register_models(model_registrations(TEST_MODEL_NAME, live, version=version))
+            time.sleep(0.01)
+        done.set()
+        caller.join()
+        last = client.get_events(r.rollout_id, triplet=True)[-1].data["server"]["version"]
+    assert statuses and set(statuses) == {200}
+    assert last == 30
 
 
 def test_pause_and_drain_returns_metrics_and_times_out_while_a_call_is_in_flight(

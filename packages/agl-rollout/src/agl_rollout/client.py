@@ -70,6 +70,7 @@ class AglClient:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self.request_count = 0
+        self._registered: set[tuple[str, str]] | None = None
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
         )
@@ -163,12 +164,25 @@ class AglClient:
     def delete_models(self) -> None:
         """Remove every registered model endpoint (of every model name)."""
         self._send("DELETE", "/api/models")
+        self._registered = set()
 
     def register_models(self, models: Sequence[ModelRegistration]) -> list[ModelRegistration]:
-        """Replace the registered endpoints by ``models``: stale ones are deleted first."""
-        self.delete_models()
+        """Make ``models`` the gateway's endpoints, without a gap while nothing is removed.
+
+        The server upserts by (model, endpoint) and can only delete all endpoints at once. So
+        when every endpoint this client registered last is still in ``models`` (a new weight
+        version, an added replica) one POST replaces them in place and in-flight agents never
+        see a missing model. Otherwise (an endpoint is gone, or this client's first call, which
+        cannot know what an earlier run left behind) all are deleted first, and model calls in
+        that one round trip get 503 "No servers available".
+        """
+        keys = {(m.model, m.endpoint) for m in models}
+        if self._registered is None or not self._registered <= keys:
+            self.delete_models()
         body = [m.model_dump(mode="json") for m in models]
-        return [ModelRegistration.model_validate(m) for m in self._json("POST", "/api/models", json=body)]
+        data = self._json("POST", "/api/models", json=body)
+        self._registered = keys
+        return [ModelRegistration.model_validate(m) for m in data]
 
     def pause(self, reason: str | None = None, *, retry_after_seconds: int = 5) -> PauseState:
         body = PauseRequest(retry_after_seconds=retry_after_seconds, reason=reason).model_dump(mode="json")
