@@ -1,7 +1,8 @@
 """The one-way layering of the five packages, read from the imports of every module.
 
-types <- rollout, types <- adapter, algos (torch only) <- trainer. A violation names the
-file and line of the offending import.
+types <- rollout, types <- adapter, algos (torch only) <- trainer. Any import outside a function
+body runs at import time (a top-level try/if/with or a class body too), except under
+``if TYPE_CHECKING``. A violation names the file and line of the offending import.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,17 +22,20 @@ SIBLINGS = frozenset({"agl_types", "agl_rollout", "agl_adapter", "agl_algos", "a
 
 @dataclass(frozen=True)
 class Import:
-    path: Path
+    """One imported module; ``import_time`` when it runs on import (not inside a function or
+    under ``if TYPE_CHECKING``). ``shown`` is the file as messages name it."""
+
+    shown: str
     line: int
     module: str
-    top_level: bool
+    import_time: bool
 
     @property
     def root(self) -> str:
         return self.module.split(".")[0]
 
     def __str__(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line} imports {self.module}"
+        return f"{self.shown}:{self.line} imports {self.module}"
 
 
 @dataclass(frozen=True)
@@ -78,38 +83,60 @@ def _resolve(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, node.module] if node.module else base)
 
 
-def _imports_of(path: Path, src: Path) -> list[Import]:
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(
+    nodes: Iterable[ast.AST], import_time: bool
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement under ``nodes``; a function body (a method's too) runs later, a
+    class body or a top-level try/if/with runs on import."""
+    for node in nodes:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node, import_time
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from _import_nodes(node.body, False)
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _import_nodes(node.body, False)
+            yield from _import_nodes(node.orelse, import_time)
+        else:
+            yield from _import_nodes(ast.iter_child_nodes(node), import_time)
+
+
+def _imports_of(path: Path, src: Path, shown: str) -> list[Import]:
     tree = ast.parse(path.read_text(), filename=str(path))
     module = _module_name(path, src)
-    top = {id(n) for n in tree.body}
     found: list[Import] = []
-    for node in ast.walk(tree):
+    for node, import_time in _import_nodes(tree.body, True):
         if isinstance(node, ast.Import):
-            found.extend(Import(path, node.lineno, a.name, id(node) in top) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
+            found.extend(Import(shown, node.lineno, a.name, import_time) for a in node.names)
+        else:
             target = _resolve(node, module, path.name == "__init__.py")
-            found.append(Import(path, node.lineno, target, id(node) in top))
-            found.extend(Import(path, node.lineno, f"{target}.{a.name}", id(node) in top) for a in node.names)
+            found.append(Import(shown, node.lineno, target, import_time))
+            found.extend(Import(shown, node.lineno, f"{target}.{a.name}", import_time) for a in node.names)
     return found
 
 
-def _violations(rule: Rule) -> list[str]:
-    src = ROOT / "packages" / rule.package.replace("_", "-") / "src"
+def _violations(rule: Rule, root: Path = ROOT) -> list[str]:
+    """Every import of ``rule.package`` (under ``root/packages``) that breaks the rule."""
+    src = root / "packages" / rule.package.replace("_", "-") / "src"
     problems: list[str] = []
     for path in sorted((src / rule.package).rglob("*.py")):
         in_lazy = rule.lazy_subpackage is not None and _module_name(path, src).startswith(
             rule.lazy_subpackage
         )
-        for imp in _imports_of(path, src):
+        for imp in _imports_of(path, src, str(path.relative_to(root))):
+            eager = imp.import_time and not in_lazy
             if imp.root in SIBLINGS and imp.root != rule.package and imp.root not in rule.allowed_siblings:
                 problems.append(f"{imp}: {rule.package} may not import sibling {imp.root}")
             elif imp.root in rule.banned_anywhere:
                 problems.append(f"{imp}: {rule.package} may not import {imp.root}")
-            elif imp.top_level and not in_lazy and imp.root in rule.banned_at_import:
+            elif eager and imp.root in rule.banned_at_import:
                 problems.append(f"{imp}: {rule.package} may import {imp.root} only inside a function")
-            elif (
-                imp.top_level and not in_lazy and rule.lazy_subpackage and imp.module == rule.lazy_subpackage
-            ):
+            elif eager and rule.lazy_subpackage and imp.module == rule.lazy_subpackage:
                 problems.append(f"{imp}: {rule.lazy_subpackage} must be imported on demand only")
     return problems
 
@@ -136,9 +163,45 @@ def test_importing_package_loads_no_heavy_dependency(package: str, heavy: tuple[
     assert loaded == "", f"importing {package} loaded {loaded}"
 
 
-def test_rule_checker_reports_file_and_line(tmp_path: Path) -> None:
-    src = tmp_path / "src" / "pkg"
-    src.mkdir(parents=True)
-    (src / "mod.py").write_text("import os\nfrom agl_rollout import client\n")
-    (imp,) = [i for i in _imports_of(src / "mod.py", tmp_path / "src") if i.module == "agl_rollout"]
-    assert (imp.line, imp.top_level) == (2, True)
+def _algos_module(root: Path, text: str) -> None:
+    module = root / "packages" / "agl-algos" / "src" / "agl_algos" / "mod.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(text)
+
+
+ALGOS = next(rule for rule in RULES if rule.package == "agl_algos")
+
+
+def test_checker_counts_top_level_try_if_with_and_class_bodies_as_import_time(tmp_path: Path) -> None:
+    _algos_module(
+        tmp_path,
+        "import contextlib\n"
+        "try:\n    import verl\nexcept ImportError:\n    pass\n"
+        "if contextlib:\n    import verl.protocol\n"
+        "with contextlib.suppress(ImportError):\n    import verl.utils\n"
+        "class Loss:\n    import verl.trainer\n"
+        "import httpx\n"
+        "if TYPE_CHECKING:\n    pass\nelse:\n    import verl.workers\n",
+    )
+    where = "packages/agl-algos/src/agl_algos/mod.py"
+    assert _violations(ALGOS, tmp_path) == [
+        f"{where}:3 imports verl: agl_algos may import verl only inside a function",
+        f"{where}:7 imports verl.protocol: agl_algos may import verl only inside a function",
+        f"{where}:9 imports verl.utils: agl_algos may import verl only inside a function",
+        f"{where}:11 imports verl.trainer: agl_algos may import verl only inside a function",
+        f"{where}:12 imports httpx: agl_algos may not import httpx",
+        f"{where}:16 imports verl.workers: agl_algos may import verl only inside a function",
+    ]
+
+
+def test_checker_allows_function_bodies_and_type_checking_blocks(tmp_path: Path) -> None:
+    _algos_module(
+        tmp_path,
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import verl\n"
+        "if typing.TYPE_CHECKING:\n    import verl.protocol\n"
+        "def register():\n    import verl.utils\n"
+        "class Loss:\n    async def run(self):\n        import verl.trainer\n",
+    )
+    assert _violations(ALGOS, tmp_path) == []
