@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections import Counter
 
 import pytest
 
 from agl_rollout import (
     AglClient,
+    AglHTTPError,
     AglServerError,
+    AglUnavailableError,
     RetryPolicy,
     RolloutManagerConfig,
     RolloutsLostError,
@@ -18,6 +21,7 @@ from agl_rollout import (
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
+from agl_types import EventCreate, RolloutCreate, RolloutState
 
 pytestmark = pytest.mark.server
 
@@ -41,6 +45,12 @@ def test_create_whose_answer_is_lost_is_retried_without_a_duplicate(
                 [{"x": i} for i in range(4)], is_train=True
             )
         faults = Counter((method, fault) for method, _, fault in proxy.injected)
+    with AglClient(fresh_agl_server.url, TEST_KEY) as direct:
+        n_terminal = direct.terminal_page(0).total_terminal
+        left = direct.list_rollouts(list(RolloutState))
+    assert agents.stats.errors == []
+    assert n_terminal == 8
+    assert left == []
     ids = [r.rollout_id for r in result.completed]
     assert len(ids) == len(set(ids)) == 8
     assert sorted(agents.stats.claimed) == sorted(ids)  # the server never held a ninth rollout
@@ -74,3 +84,50 @@ def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_dead
         threading.Timer(0.3, fresh_agl_server.stop).start()
         with pytest.raises(AglServerError, match="check that agl-server is running"):
             SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
+
+
+def _one_rollout(client: AglClient) -> str:
+    [rollout] = client.create_rollouts([RolloutCreate(input={"x": 0}, rollout_id=uuid.uuid4().hex)])
+    return rollout.rollout_id
+
+
+def test_a_503_answer_to_an_idempotent_call_is_retried(agl_server: AglServerProcess) -> None:
+    with FaultProxy(agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY, retry=FAST_RETRY) as client:
+        rid = _one_rollout(client)
+        proxy.inject("GET", f"/api/rollouts/{rid}", "answer_503", times=2)
+        before = client.request_count
+        detail = client.get_rollout(rid)
+        n_requests = client.request_count - before
+        client.delete_rollout(rid)
+    assert detail.rollout.rollout_id == rid
+    assert n_requests == 3
+    assert [fault for _, _, fault in proxy.injected] == ["answer_503", "answer_503"]
+
+
+def test_a_503_answer_to_post_event_is_not_retried(agl_server: AglServerProcess) -> None:
+    event = EventCreate(event_type="reward", data={"value": 1.0})
+    with FaultProxy(agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY, retry=FAST_RETRY) as client:
+        rid = _one_rollout(client)
+        proxy.inject("POST", f"/api/rollouts/{rid}/attempt/0/events", "answer_503")
+        before = client.request_count
+        with pytest.raises(AglHTTPError, match="HTTP 503"):
+            client.post_event(rid, "0", event)
+        n_requests = client.request_count - before
+        events = client.get_events(rid)
+        client.delete_rollout(rid)
+    assert n_requests == 1
+    assert events == []
+
+
+def test_post_event_whose_answer_is_lost_is_not_retried_into_a_duplicate(
+    agl_server: AglServerProcess,
+) -> None:
+    event = EventCreate(event_type="reward", data={"value": 1.0})
+    with FaultProxy(agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY, retry=FAST_RETRY) as client:
+        rid = _one_rollout(client)
+        proxy.inject("POST", f"/api/rollouts/{rid}/attempt/0/events", "drop_response")
+        with pytest.raises(AglUnavailableError, match="failed after 1 try"):
+            client.post_event(rid, "0", event)
+        events = client.get_events(rid)
+        client.delete_rollout(rid)
+    assert [(e.event_type, e.data) for e in events] == [("reward", {"value": 1.0})]
