@@ -1,9 +1,10 @@
 """Pytest fixtures that run the real execution-side server, ``agl-server``, on loopback.
 
 The server lives in its own tool environment (it declares Python >= 3.12 and pins its
-own web stack); ``scripts/test`` prepares it with ``python -m agl_trainer.local.provision``. This module installs nothing: it finds the
-``agl-server`` executable, starts it on a free loopback port, waits for ``/healthz`` and
-stops it afterwards. Standard library only, so it works in every package's own venv.
+own web stack); ``scripts/test`` prepares it with ``python -m agl_trainer.local.provision``.
+This module installs nothing: it finds the ``agl-server`` executable, starts it on a free
+loopback port, waits for ``/healthz`` and stops it afterwards; without one, the fixtures skip
+(fail under ``CI=true``). Standard library and pytest only, so it works in every package's own venv.
 """
 
 from __future__ import annotations
@@ -22,27 +23,52 @@ from pathlib import Path
 
 import pytest
 
+from agl_testing.requirements import missing_requirement
+
 TEST_KEY = "agl-test-key"
 TEST_MODEL_NAME = "agl-test-model"
 _STARTUP_TIMEOUT_S = 60.0
 
 
+class AglServerNotFound(RuntimeError):
+    """No ``agl-server`` executable where the fixture looks; the message names the fix."""
+
+
+def _tool_env_dir() -> Path:
+    """The server's tool environment, where ``agl_trainer.local.envs`` provisions it:
+    ``$AGL_CACHE_DIR``, else ``$XDG_CACHE_HOME/agl``, else ``~/.cache/agl``, then ``envs/agl-server``."""
+    if explicit := os.environ.get("AGL_CACHE_DIR"):
+        cache = Path(explicit).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        cache = (Path(xdg) if xdg else Path.home() / ".cache") / "agl"
+    return cache / "envs" / "agl-server"
+
+
 def find_agl_server() -> Path:
     """The ``agl-server`` executable: ``$AGL_SERVER_BIN``, the cached tool env, or ``PATH``."""
-    explicit = os.environ.get("AGL_SERVER_BIN")
-    if explicit:
+    if explicit := os.environ.get("AGL_SERVER_BIN"):
+        if not Path(explicit).is_file():
+            raise AglServerNotFound(f"AGL_SERVER_BIN={explicit} is not a file")
         return Path(explicit)
-    cache = Path(os.environ.get("AGL_CACHE_DIR", Path.home() / ".cache" / "agl"))
-    cached = cache / "envs" / "agl-server" / "bin" / "agl-server"
+    env_dir = _tool_env_dir()
+    cached = env_dir / "bin" / "agl-server"
     if cached.exists():
         return cached
-    on_path = shutil.which("agl-server")
-    if on_path:
+    if on_path := shutil.which("agl-server"):
         return Path(on_path)
-    raise RuntimeError(
-        "agl-server not found: run `python -m agl_trainer.local.provision agl-server` (it prepares the "
-        f"server's tool environment in {cache / 'envs' / 'agl-server'}) or set AGL_SERVER_BIN"
+    raise AglServerNotFound(
+        f"agl-server not found in {env_dir} nor on PATH: run "
+        "`python -m agl_trainer.local.provision agl-server` or set AGL_SERVER_BIN"
     )
+
+
+def require_agl_server() -> None:
+    """Skip the test when no agl-server can be found, or fail it under ``CI=true``."""
+    try:
+        find_agl_server()
+    except AglServerNotFound as exc:
+        missing_requirement(str(exc))
 
 
 def free_loopback_port() -> int:
@@ -121,6 +147,7 @@ class AglServerProcess:
 @pytest.fixture(scope="session")
 def agl_server() -> Iterator[AglServerProcess]:
     """One real server for the whole session; tests use their own rollout ids."""
+    require_agl_server()
     server = AglServerProcess()
     server.start()
     yield server
@@ -130,6 +157,7 @@ def agl_server() -> Iterator[AglServerProcess]:
 @pytest.fixture
 def fresh_agl_server() -> Iterator[AglServerProcess]:
     """A real server of the test's own, for tests that assert on the whole store."""
+    require_agl_server()
     server = AglServerProcess()
     server.start()
     yield server
