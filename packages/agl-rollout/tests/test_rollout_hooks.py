@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 import pytest
 
-from agl_rollout import AglClient, RolloutHooks, RolloutManagerConfig, SyncRolloutManager, TraceWriter
+from agl_rollout import (
+    AglClient,
+    RolloutBatchResult,
+    RolloutHooks,
+    RolloutManagerConfig,
+    SyncRolloutManager,
+    TraceWriter,
+)
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
-from agl_types import Event, Rollout, RolloutCreate
+from agl_types import CompletedRollout, Event, Rollout, RolloutCreate
 
 pytestmark = pytest.mark.server
 
-FAST = RolloutManagerConfig(train_rollout_n=2, poll_interval_seconds=0.02)
+FAST = RolloutManagerConfig(train_rollout_n=2, poll_interval_seconds=0.02, rollout_timeout_seconds=30.0)
 
 
 class RecordingHooks(RolloutHooks):
@@ -33,15 +41,22 @@ class RecordingHooks(RolloutHooks):
         self.seen_events[rollout.rollout_id] = [e.event_type for e in events[rollout.visible_attempt_id]]
         store.add_event(rollout.rollout_id, rollout.visible_attempt_id, "reward", {"value": 5.0})
 
-    def on_failed(self, rollout: Rollout, store: TraceWriter) -> None:
+    def on_failed(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
         self.calls.append(("failed", rollout.rollout_id))
+        self.seen_events[rollout.rollout_id] = [e.event_type for e in events[rollout.visible_attempt_id]]
         store.add_event(rollout.rollout_id, rollout.visible_attempt_id, "reward", {"value": -1.0})
 
 
-def _run(server: AglServerProcess, hooks: RolloutHooks, behaviour: Any) -> list[Any]:
-    with AglClient(server.url, TEST_KEY) as client, FakeAgents(server.url, behaviour=behaviour):
+def _wait(server: AglServerProcess, hooks: RolloutHooks, behaviour: Any) -> RolloutBatchResult:
+    with AglClient(server.url, TEST_KEY) as client, FakeAgents(server.url, behaviour=behaviour) as agents:
         manager = SyncRolloutManager(client, FAST, hooks=hooks)
-        return manager.enqueue_and_wait_until_completed([{"x": 0}, {"x": 1}], is_train=True).completed
+        result = manager.enqueue_and_wait_until_completed([{"x": 0}, {"x": 1}], is_train=True)
+    assert agents.stats.errors == []
+    return result
+
+
+def _run(server: AglServerProcess, hooks: RolloutHooks, behaviour: Any) -> list[CompletedRollout]:
+    return _wait(server, hooks, behaviour).completed
 
 
 def test_on_enqueue_rewrites_each_request_but_cannot_choose_the_id(agl_server: AglServerProcess) -> None:
@@ -62,13 +77,23 @@ def test_on_succeeded_sees_the_events_and_its_reward_write_back_sets_the_final_r
     assert set(map(tuple, hooks.seen_events.values())) == {("model_request", "reward")}
 
 
+def test_on_failed_sees_the_events_and_its_reward_write_back_sets_the_final_reward(
+    agl_server: AglServerProcess,
+) -> None:
+    hooks = RecordingHooks()
+    completed = _run(agl_server, hooks, AgentBehaviour(outcome="failed", reward=1.0))
+    assert [r.final_reward for r in completed] == [-1.0] * 4
+    assert all(r.triplets[-1].reward == -1.0 for r in completed)
+    assert set(map(tuple, hooks.seen_events.values())) == {("model_request", "reward")}
+
+
 def test_each_rollout_is_hooked_exactly_once(agl_server: AglServerProcess) -> None:
     hooks = RecordingHooks()
     behaviour = lambda r: AgentBehaviour(outcome="failed" if r["input"]["x"] else "succeeded")  # noqa: E731
     completed = _run(agl_server, hooks, behaviour)
     finished = sorted(rid for kind, rid in hooks.calls if kind != "enqueue")
     assert finished == sorted(r.rollout_id for r in completed)
-    assert sorted(r.final_reward for r in completed) == [-1.0, -1.0, 5.0, 5.0]
+    assert Counter(r.final_reward for r in completed) == {-1.0: 2, 5.0: 2}
 
 
 class RaisingHooks(RolloutHooks):
@@ -84,9 +109,11 @@ def test_a_raising_hook_is_logged_with_traceback_and_never_stops_the_wait(
     agl_server: AglServerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="agl_rollout.hooks"):
-        completed = _run(agl_server, RaisingHooks(), AgentBehaviour(reward=1.0))
+        result = _wait(agl_server, RaisingHooks(), AgentBehaviour(reward=1.0))
+    completed = result.completed
     assert [r.final_reward for r in completed] == [1.0] * 4  # the buffered reward was never flushed
     assert all(set(r.input) == {"x"} for r in completed)
     tracebacks = [rec for rec in caplog.records if rec.exc_info is not None]
     assert {str(rec.exc_info[1]) for rec in tracebacks if rec.exc_info} == {"enqueue boom", "succeeded boom"}
     assert len(tracebacks) == 8
+    assert result.metrics["training/n_hook_errors"] == 8.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,9 @@ from agl_rollout import (
     AglClient,
     AsyncRolloutManager,
     BatchTopUp,
+    HookRunner,
     RetryPolicy,
+    RolloutHooks,
     RolloutManagerConfig,
     batch_rows,
     extract_triplets,
@@ -271,6 +274,22 @@ def _hooks_file(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "hooks.py"
     path.write_text("from agl_rollout import RolloutHooks\n" + body)
     return path
+
+
+class _RaisingStartup(RolloutHooks):
+    def on_startup(self, store: Any | None = None) -> None:
+        raise RuntimeError("startup boom")
+
+
+def test_hook_runner_startup_logs_and_counts_a_raising_on_startup(caplog: pytest.LogCaptureFixture) -> None:
+    with AglClient("http://127.0.0.1:9") as client:
+        runner = HookRunner(_RaisingStartup(), client)
+        with caplog.at_level(logging.ERROR, logger="agl_rollout.hooks"):
+            runner.startup()
+    assert runner.n_errors == 1
+    assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else None) for r in caplog.records] == [
+        ("rollout hook raised; training continues hook=on_startup rollout_id=None", "startup boom")
+    ]
 
 
 def test_load_hooks_instantiates_the_one_subclass(tmp_path: Path) -> None:

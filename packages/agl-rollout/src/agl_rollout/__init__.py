@@ -12,7 +12,7 @@ from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.convert import as_reward, to_native
 from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError, RolloutsLostError
 from agl_rollout.gateway import model_registrations, pause_and_drain
-from agl_rollout.hooks import BufferedTraceWriter, RolloutHooks, TraceWriter, load_hooks
+from agl_rollout.hooks import BufferedTraceWriter, HookRunner, RolloutHooks, TraceWriter, load_hooks
 from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
@@ -62,6 +62,7 @@ __all__ = (
     "RolloutHooks",
     "TraceWriter",
     "BufferedTraceWriter",
+    "HookRunner",
     "load_hooks",
     # gateway
     "model_registrations",

@@ -6,7 +6,7 @@ the last sweep; one listing of RUNNING rollouts stamps start times (skipped once
 pending rollout has one); one GET of a rotating pending rollout notices a server that lost
 its store. The statuses of the rollouts a sweep finds finished come in one listing of
 terminal rollouts; each finished rollout then costs a constant two calls (its triplet
-events, its delete), plus one raw-event fetch when an ``on_succeeded`` hook wants them.
+events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
 
 from __future__ import annotations
@@ -174,11 +174,8 @@ class RolloutTracker:
     ) -> CompletedRollout:
         """Hook, events, CompletedRollout, delete: in that order, so hook-written events count."""
         rid = record.rollout_id
-        if rollout.state is RolloutState.SUCCEEDED:
-            raw = self.client.get_events(rid) if self.hooks.wants_success_events else []
-            self.hooks.on_succeeded(rollout, raw)
-        else:
-            self.hooks.on_failed(rollout)
+        raw = self.client.get_events(rid) if self.hooks.wants_events(rollout.state) else []
+        self.hooks.on_finished(rollout, raw)
         extraction = extract_triplets(self.client.get_events(rid, triplet=True))
         completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
         self._delete(rid)

@@ -127,6 +127,7 @@ class AsyncRolloutManager:
         chosen oldest first (the step that enqueued them), then by completion order.
         """
         n_prev_rollouts = sum(group.n_rollouts for group in self._groups.values())
+        n_hook_errors_before = self.hooks.n_errors
         if models is not None:
             self.client.register_models(models)
         self._enqueue(batch, step)
@@ -141,6 +142,7 @@ class AsyncRolloutManager:
         completed = [rollout for group in trained for rollout in group.completed]
         metrics = {
             **counts.metrics(),
+            "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
             **lifecycle_metrics(completed),
             **self._async_metrics(step, n_prev_rollouts, trained),
         }

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agl_rollout.client import AglClient
-from agl_types import Event, EventCreate, Rollout, RolloutCreate
+from agl_types import Event, EventCreate, Rollout, RolloutCreate, RolloutState
 
 logger = logging.getLogger("agl_rollout.hooks")
 
@@ -31,8 +31,9 @@ class RolloutHooks:
     """Subclass and override any of these; the defaults do nothing.
 
     ``on_enqueue`` runs once per rollout (``n`` times per sample) before the rollout id is
-    assigned; ``on_succeeded`` sees the rollout and its events (attempt id -> events) and
-    runs before the events are turned into triplets, so a ``reward`` it writes counts.
+    assigned; ``on_succeeded`` and ``on_failed`` see the rollout and its events (attempt id ->
+    events) and run before the events are turned into triplets, so a ``reward`` they write
+    counts. Unlike the reference, ``on_failed`` gets the events too (as the design asks).
     """
 
     def on_startup(self, store: Any | None = None) -> None:
@@ -44,7 +45,7 @@ class RolloutHooks:
     def on_succeeded(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
         return None
 
-    def on_failed(self, rollout: Rollout, store: TraceWriter) -> None:
+    def on_failed(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
         return None
 
 
@@ -70,16 +71,26 @@ def overrides(hooks: RolloutHooks, name: str) -> bool:
 
 
 class HookRunner:
-    """Runs the hooks of one manager, logging and counting the ones that raise."""
+    """Runs the hooks of one manager, logging and counting (``n_errors``) the ones that raise."""
 
     def __init__(self, hooks: RolloutHooks | None, client: AglClient) -> None:
         self.hooks = hooks
         self.client = client
         self.n_errors = 0
 
-    @property
-    def wants_success_events(self) -> bool:
-        return self.hooks is not None and overrides(self.hooks, "on_succeeded")
+    def wants_events(self, state: RolloutState) -> bool:
+        """Whether the hook for a rollout ending in ``state`` is overridden (else skip fetching events)."""
+        name = "on_succeeded" if state is RolloutState.SUCCEEDED else "on_failed"
+        return self.hooks is not None and overrides(self.hooks, name)
+
+    def startup(self) -> None:
+        """Run ``on_startup`` once; an exception is logged and counted, and training goes on."""
+        if self.hooks is None:
+            return
+        try:
+            self.hooks.on_startup()
+        except Exception:
+            self._failed("on_startup", None)
 
     def on_enqueue(self, request: RolloutCreate) -> RolloutCreate:
         if self.hooks is None:
@@ -91,31 +102,24 @@ class HookRunner:
                     f"on_enqueue must return a RolloutCreate, returned {type(result).__qualname__}"
                 )
         except Exception:
-            self._failed("on_enqueue", "(not yet assigned)")
+            self._failed("on_enqueue", None)
             return request
         return result
 
-    def on_succeeded(self, rollout: Rollout, events: list[Event]) -> None:
+    def on_finished(self, rollout: Rollout, events: list[Event]) -> None:
+        """``on_succeeded`` or ``on_failed``, by the rollout's state; what it writes is flushed after it."""
         if self.hooks is None:
             return
+        succeeded = rollout.state is RolloutState.SUCCEEDED
+        hook = self.hooks.on_succeeded if succeeded else self.hooks.on_failed
         writer = BufferedTraceWriter()
         try:
-            self.hooks.on_succeeded(rollout, {rollout.visible_attempt_id: events}, writer)
+            hook(rollout, {rollout.visible_attempt_id: events}, writer)
             writer.flush(self.client)
         except Exception:
-            self._failed("on_succeeded", rollout.rollout_id)
+            self._failed("on_succeeded" if succeeded else "on_failed", rollout.rollout_id)
 
-    def on_failed(self, rollout: Rollout) -> None:
-        if self.hooks is None:
-            return
-        writer = BufferedTraceWriter()
-        try:
-            self.hooks.on_failed(rollout, writer)
-            writer.flush(self.client)
-        except Exception:
-            self._failed("on_failed", rollout.rollout_id)
-
-    def _failed(self, hook: str, rollout_id: str) -> None:
+    def _failed(self, hook: str, rollout_id: str | None) -> None:
         self.n_errors += 1
         logger.exception("rollout hook raised; training continues hook=%s rollout_id=%s", hook, rollout_id)
 

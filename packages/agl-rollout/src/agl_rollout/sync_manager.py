@@ -57,6 +57,7 @@ class SyncRolloutManager:
         ``models``, when given, replace the gateway's registered endpoints first (their
         ``version`` should be ``step``, the weight version that serves this batch).
         """
+        n_hook_errors_before = self.hooks.n_errors
         if models is not None:
             self.client.register_models(models)
         per_sample = self.config.train_rollout_n if is_train else 1
@@ -75,9 +76,12 @@ class SyncRolloutManager:
         enqueue(self.client, queued)
         pending = {record.rollout_id: record for record in queued.enqueued}
         completed, counts = self._wait(tracker, pending, "train rollouts" if is_train else "val rollouts")
-        return RolloutBatchResult(
-            completed=completed, metrics={**counts.metrics(), **lifecycle_metrics(completed)}
-        )
+        metrics = {
+            **counts.metrics(),
+            "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
+            **lifecycle_metrics(completed),
+        }
+        return RolloutBatchResult(completed=completed, metrics=metrics)
 
     def _wait(
         self, tracker: RolloutTracker, pending: dict[str, EnqueuedRollout], label: str
