@@ -122,11 +122,17 @@ def test_carried_state_survives_a_json_round_trip_and_resumes(fresh_agl_server: 
     assert trained_after_resume == {0, 1, 2, 3} - trained_first
 
 
-def test_waiting_with_fewer_groups_than_a_step_needs_is_a_value_error(agl_server: AglServerProcess) -> None:
-    with AglClient(agl_server.url, TEST_KEY) as client:
+def test_a_step_with_fewer_groups_than_it_needs_is_refused_before_enqueueing(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
-        with pytest.raises(ValueError, match="holds 1 groups but a step needs train_batch_size=2"):
+        with pytest.raises(
+            ValueError, match="holds 0 groups and the batch adds 1, but a step needs train_batch_size=2"
+        ):
             manager.enqueue_and_wait_until_group_completed(_samples(0, 1), step=1)
-        for g in manager.state.groups:
-            for r in g.pending:
-                client.delete_rollout(r.rollout_id)
+        left = client.list_rollouts(list(RolloutState))
+        n_requests = client.request_count
+    assert manager.state.groups == []
+    assert left == []
+    assert n_requests == 1  # the listing above: nothing was created

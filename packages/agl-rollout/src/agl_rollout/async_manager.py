@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from agl_rollout._tracker import RolloutTracker, WaitCounts
-from agl_rollout.batch import Batch
+from agl_rollout.batch import Batch, batch_len
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.hooks import HookRunner, RolloutHooks
@@ -29,7 +29,7 @@ from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
 
 
 class CarriedGroup(BaseModel):
-    """One GRPO group held by the async manager: its pending and its finished members.
+    """One GRPO group held by the async manager: its pending (by rollout id) and finished members.
 
     ``first_step`` is the step that enqueued it; ``completed_seq`` orders complete groups
     by when their last member finished (``None`` while some member is pending).
@@ -37,7 +37,7 @@ class CarriedGroup(BaseModel):
 
     data_id: str
     first_step: int
-    pending: list[EnqueuedRollout] = Field(default_factory=list[EnqueuedRollout])
+    pending: dict[str, EnqueuedRollout] = Field(default_factory=dict[str, EnqueuedRollout])
     completed: list[CompletedRollout] = Field(default_factory=list[CompletedRollout])
     completed_seq: int | None = None
 
@@ -126,16 +126,18 @@ class AsyncRolloutManager:
         The returned rollouts are grouped: the members of each group are adjacent. Groups are
         chosen oldest first (the step that enqueued them), then by completion order.
         """
+        n_new = batch_len(batch)
+        if len(self._groups) + n_new < self.train_batch_size:
+            raise ValueError(
+                f"the async manager holds {len(self._groups)} groups and the batch adds {n_new}, but a step "
+                f"needs train_batch_size={self.train_batch_size}; enqueue shortfall()={self.shortfall()} "
+                "samples per step"
+            )
         n_prev_rollouts = sum(group.n_rollouts for group in self._groups.values())
         n_hook_errors_before = self.hooks.n_errors
         if models is not None:
             self.client.register_models(models)
         self._enqueue(batch, step)
-        if len(self._groups) < self.train_batch_size:
-            raise ValueError(
-                f"the async manager holds {len(self._groups)} groups but a step needs train_batch_size="
-                f"{self.train_batch_size}; enqueue shortfall()={self.shortfall()} samples per step"
-            )
         counts = WaitCounts()
         self._wait_for_complete_groups(counts)
         trained = self._take_complete_groups()
@@ -165,17 +167,17 @@ class AsyncRolloutManager:
             group = self._groups.setdefault(
                 record.data_id, CarriedGroup(data_id=record.data_id, first_step=step)
             )
-            group.pending.append(record)
+            group.pending[record.rollout_id] = record
 
     def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
-        pending = {r.rollout_id: r for g in self._groups.values() for r in g.pending}
-        group_of = {r.rollout_id: g for g in self._groups.values() for r in g.pending}
+        pending = {rid: r for g in self._groups.values() for rid, r in g.pending.items()}
+        group_of = {rid: g for g in self._groups.values() for rid in g.pending}
         n_complete = sum(group.is_complete for group in self._groups.values())
         progress = WaitProgress("async groups", self.train_batch_size, enabled=self.config.progress)
         while n_complete < self.train_batch_size:
             for rollout in self._tracker.sweep(pending, counts):
                 group = group_of.pop(rollout.rollout_id)
-                group.pending = [r for r in group.pending if r.rollout_id != rollout.rollout_id]
+                del group.pending[rollout.rollout_id]
                 group.completed.append(rollout)
                 if group.is_complete:
                     group.completed_seq = self._next_seq
