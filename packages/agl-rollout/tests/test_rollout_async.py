@@ -122,6 +122,35 @@ def test_carried_state_survives_a_json_round_trip_and_resumes(fresh_agl_server: 
     assert trained_after_resume == {0, 1, 2, 3} - trained_first
 
 
+def test_weight_version_span_is_recorded_per_trained_group_and_groups_without_versions_counted(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    members_seen: Counter[int] = Counter()
+
+    def behaviour(r: dict[str, Any]) -> AgentBehaviour:
+        x = r["input"]["x"]
+        members_seen[x] += 1
+        if x == 0:
+            return AgentBehaviour(turns=0)
+        if x == 1:
+            return AgentBehaviour(weight_version=2)
+        if x == 2:
+            return AgentBehaviour(weight_version=1 if members_seen[x] == 1 else 3)
+        return AgentBehaviour(outcome="never_start")
+
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour) as agents,
+    ):
+        manager = AsyncRolloutManager(client, CONFIG, train_batch_size=3, async_train_batch_size=4)
+        result = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+    assert agents.stats.errors == []
+    assert sorted(xs[0] for xs in _groups(result.completed).values()) == [0, 1, 2]
+    assert result.metrics["training/async/trained_group_weight_version_span/mean"] == 2.0
+    assert result.metrics["training/async/trained_group_weight_version_span/max"] == 3.0
+    assert result.metrics["training/async/n_trained_groups_without_weight_version"] == 1.0
+
+
 def test_a_step_with_fewer_groups_than_it_needs_is_refused_before_enqueueing(
     fresh_agl_server: AglServerProcess,
 ) -> None:

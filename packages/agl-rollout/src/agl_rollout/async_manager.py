@@ -59,6 +59,9 @@ class AsyncRolloutState(BaseModel):
 
 
 def _weight_version_span(group: CarriedGroup) -> int | None:
+    """How many weight versions produced the group's model calls (1 = one policy); ``None``
+    when no triplet of it carries a version (no model call, or a gateway that records none).
+    """
     versions = [t.weight_version for r in group.completed for t in r.triplets]
     known = [v for v in versions if v is not None]
     return max(known) - min(known) + 1 if known else None
@@ -207,7 +210,8 @@ class AsyncRolloutManager:
         self, step: int, n_prev_rollouts: int, trained: list[CarriedGroup]
     ) -> dict[str, float]:
         held = list(self._groups.values())
-        spans = [span for span in map(_weight_version_span, trained) if span is not None]
+        spans = [_weight_version_span(group) for group in trained]
+        known_spans = [span for span in spans if span is not None]
         return {
             "training/async/n_prev_carry_over_rollouts": float(n_prev_rollouts),
             "training/async/n_completed_rollouts": float(sum(group.n_rollouts for group in trained)),
@@ -218,7 +222,8 @@ class AsyncRolloutManager:
             **_mean_max(
                 "training/async/trained_group_staleness", [step - group.first_step for group in trained]
             ),
-            **_mean_max("training/async/trained_group_weight_version_span", spans),
+            **_mean_max("training/async/trained_group_weight_version_span", known_spans),
+            "training/async/n_trained_groups_without_weight_version": float(len(spans) - len(known_spans)),
         }
 
 
