@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
-import math
+import inspect
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from agl_algos import (
     compute_rollout_level_advantage,
     normalize_advantages_by_rollout,
 )
+from agl_algos.verl import _compat
 
 pytestmark = pytest.mark.verl
 
@@ -54,42 +57,100 @@ def test_a_foreign_loss_under_our_name_is_replaced() -> None:
     assert core_algos.get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.data())
-def test_grpo_equals_verl_on_the_representatives(data: st.DataObject) -> None:
-    n_rollouts = data.draw(st.integers(1, 12))
-    uids = np.array(
-        data.draw(st.lists(st.sampled_from(["p", "q", "r"]), min_size=n_rollouts, max_size=n_rollouts)),
-        dtype=object,
+@st.composite
+def multi_row_rollouts(
+    draw: st.DrawFn, rewards: st.SearchStrategy[float]
+) -> tuple[torch.Tensor, torch.Tensor, list[str], list[str]]:
+    """(N, 4) rewards on the last token and masks, with 1-3 rows per rollout in shuffled row order."""
+    rows: list[tuple[str, str, float]] = []
+    for r in range(draw(st.integers(1, 12))):
+        uid, reward = draw(st.sampled_from(["p", "q", "r"])), draw(rewards)
+        rows += [(f"r{r}", uid, reward)] * draw(st.integers(1, 3))
+    rows = [rows[i] for i in draw(st.permutations(range(len(rows))))]
+    mask = torch.tensor([draw(st.lists(st.integers(0, 1), min_size=4, max_size=4)) for _ in rows])
+    token_rewards = torch.zeros(len(rows), 4)
+    token_rewards[:, -1] = torch.tensor([reward for _, _, reward in rows])
+    return token_rewards, mask, [r[0] for r in rows], [r[1] for r in rows]
+
+
+def verl_grpo_broadcast(
+    rewards: torch.Tensor, mask: torch.Tensor, rollout_ids: list[str], uids: list[str], norm: bool
+) -> torch.Tensor:
+    """verl's GRPO over each rollout's first row, its scalar copied onto every row of the rollout."""
+    first = {rid: row for row, rid in reversed(list(enumerate(rollout_ids)))}
+    reps = sorted(first.values())
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(
+        rewards[reps],
+        torch.ones(len(reps), rewards.shape[1]),
+        np.array([uids[r] for r in reps], dtype=object),
+        norm_adv_by_std_in_grpo=norm,
     )
-    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 1000)))
-    binary = data.draw(st.booleans())
-    scores = (
-        torch.randint(0, 2, (n_rollouts,), generator=gen).float()
-        if binary
-        else torch.randn(n_rollouts, generator=gen)
-    )
-    mask = torch.ones(n_rollouts, 4)
-    rewards = torch.zeros(n_rollouts, 4)
-    rewards[:, -1] = scores
-    norm = data.draw(st.booleans())
-    ours = compute_rollout_level_advantage(
-        rewards, mask, np.arange(n_rollouts), uids, norm_adv_by_std_in_grpo=norm
-    )
-    theirs, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, uids, norm_adv_by_std_in_grpo=norm)
+    scalar = {rollout_ids[r]: float(theirs[k, 0]) for k, r in enumerate(reps)}
+    return torch.tensor([[scalar[rid]] for rid in rollout_ids]) * mask
+
+
+@settings(max_examples=40, deadline=None)
+@given(multi_row_rollouts(st.floats(-4, 4, width=32)), st.booleans())
+def test_grpo_equals_verl_in_float64_on_the_representatives(
+    batch: tuple[torch.Tensor, torch.Tensor, list[str], list[str]], norm: bool
+) -> None:
+    # Our group statistics are float64; verl's follow the reward dtype, so fed float64 rewards verl
+    # runs the same arithmetic and the two agree on any rewards, equal-reward groups included.
+    rewards, mask, rollout_ids, uids = batch
+    ours = compute_rollout_level_advantage(rewards, mask, rollout_ids, uids, norm_adv_by_std_in_grpo=norm)
+    theirs = verl_grpo_broadcast(rewards.double(), mask, rollout_ids, uids, norm).float()
     torch.testing.assert_close(ours.advantages, theirs, rtol=1e-6, atol=1e-6)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
-def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
-    seed: int, dp_size: int, low: float, high: float
+@settings(max_examples=40, deadline=None)
+@given(multi_row_rollouts(st.sampled_from([0.0, 1.0, 0.5, 0.25, -1.0, 3.0])), st.booleans())
+def test_grpo_equals_verl_in_float32_on_rewards_float32_averages_exactly(
+    batch: tuple[torch.Tensor, torch.Tensor, list[str], list[str]], norm: bool
 ) -> None:
+    # Binary and other dyadic rewards: a group of equal ones has an exact float32 mean, so verl's
+    # float32 pipeline, as the trainer runs it, leaves no residue.
+    rewards, mask, rollout_ids, uids = batch
+    ours = compute_rollout_level_advantage(rewards, mask, rollout_ids, uids, norm_adv_by_std_in_grpo=norm)
+    theirs = verl_grpo_broadcast(rewards, mask, rollout_ids, uids, norm)
+    torch.testing.assert_close(ours.advantages, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_seven_rewards_of_0_7_get_0_in_ours_and_0_056_in_verls_float32() -> None:
+    rewards = torch.zeros(7, 2)
+    rewards[:, -1] = 0.7
+    mask, ids = torch.ones(7, 2), [f"r{i}" for i in range(7)]
+    ours = compute_rollout_level_advantage(rewards, mask, ids, ["g"] * 7).advantages
+    theirs, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g"] * 7, dtype=object))
+    assert ours.flatten().tolist() == [0.0] * 14
+    # float32 mean of seven 0.7 misses 0.7 by 5.96e-8; divided by (std 0 + 1e-6) that is 0.056
+    assert theirs.flatten().tolist() == pytest.approx([0.0559994] * 14, abs=1e-7)
+
+
+def loss_inputs(seed: int) -> tuple[torch.Tensor, ...]:
+    """old and new log-probs, advantages, a 75% mask and importance weights, all (6, 10)."""
     gen = torch.Generator().manual_seed(seed)
     old, new = torch.randn(6, 10, generator=gen), torch.randn(6, 10, generator=gen)
     advantages = torch.randn(6, 10, generator=gen)
     mask = torch.rand(6, 10, generator=gen) > 0.25
-    weights = torch.rand(6, 10, generator=gen)
+    return old, new, advantages, mask, torch.rand(6, 10, generator=gen)
+
+
+def verl_has_token_sum() -> bool:
+    try:
+        core_algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "token-sum")
+    except ValueError:
+        return False
+    return True
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_loss_equals_verl_vanilla_token_mean_over_one_global_token_scaled_by_dp(
+    seed: int, dp_size: int, low: float, high: float
+) -> None:
+    # token-mean divides the masked sum by the global token count; with a count of 1 it is the
+    # masked sum x dp, our aggregation, in every supported release.
+    old, new, advantages, mask, weights = loss_inputs(seed)
     config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
     config.global_batch_info.update({"dp_size": dp_size, "batch_num_tokens": 1})
     ours, our_metrics = compute_policy_loss_per_rollout_mean(
@@ -97,6 +158,24 @@ def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
     )
     vanilla = core_algos.get_policy_loss_fn("vanilla")
     theirs, their_metrics = vanilla(old, new, advantages, mask, "token-mean", config, weights)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+
+
+@pytest.mark.skipif(not verl_has_token_sum(), reason="verl's agg_loss has token-sum from 0.9")
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
+    seed: int, dp_size: int, low: float, high: float
+) -> None:
+    old, new, advantages, mask, weights = loss_inputs(seed)
+    config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
+    config.global_batch_info.update({"dp_size": dp_size})
+    ours, our_metrics = compute_policy_loss_per_rollout_mean(
+        old, new, advantages, mask, "token-sum", config, weights
+    )
+    vanilla = core_algos.get_policy_loss_fn("vanilla")
+    theirs, their_metrics = vanilla(old, new, advantages, mask, "token-sum", config, weights)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
 
@@ -126,7 +205,8 @@ def test_data_proto_wrapper_writes_grpo_advantages_and_returns() -> None:
     out, metrics = agl_verl.compute_rollout_level_advantage_data_proto(
         batch, adv_estimator="grpo", num_repeat=3
     )
-    a, other = (2 / 3) / (math.sqrt(1 / 3) + 1e-6), (-1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    # group {1, 0, 0}: mean 1/3, std sqrt(1/3); (2/3) / (0.57735027 + 1e-6), (-1/3) / (0.57735027 + 1e-6)
+    a, other = 1.1546985, -0.5773493
     expected = torch.tensor([[a, a, a], [a, 0, a], [other] * 3, [other] * 3])
     assert out is batch and "uid" not in batch.non_tensor_batch
     torch.testing.assert_close(batch.batch["advantages"], expected, rtol=0, atol=1e-6)
@@ -188,8 +268,6 @@ def test_normalized_advantages_through_verl_registry_weigh_rollouts_equally() ->
 def test_a_verl_outside_the_supported_range_warns(
     monkeypatch: pytest.MonkeyPatch, installed: str, warns: bool
 ) -> None:
-    from agl_algos.verl import _compat
-
     monkeypatch.setattr(_compat, "version", lambda _name: installed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -200,8 +278,6 @@ def test_a_verl_outside_the_supported_range_warns(
 def test_an_old_policy_loss_signature_is_refused_with_the_supported_range(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from agl_algos.verl import _compat
-
     def old_vanilla(
         old_log_prob: object,
         log_prob: object,
@@ -217,3 +293,55 @@ def test_an_old_policy_loss_signature_is_refused_with_the_supported_range(
     monkeypatch.delitem(core_algos.POLICY_LOSS_REGISTRY, "per_rollout_mean")
     with pytest.raises(RuntimeError, match=r"rollout_log_probs.*>=0.7.1,<0.10"):
         _compat.register_policy_loss("per_rollout_mean", compute_policy_loss_per_rollout_mean)
+
+
+@pytest.mark.parametrize(("release", "keywords"), sorted(_compat.POLICY_LOSS_CALL_KEYWORDS.items()))
+def test_our_loss_takes_the_keyword_call_of_each_supported_release(
+    release: tuple[int, ...], keywords: tuple[str, ...]
+) -> None:
+    old, new, advantages, mask, weights = loss_inputs(release[1])
+    values = {
+        "old_log_prob": old,
+        "log_prob": new,
+        "advantages": advantages,
+        "response_mask": mask,
+        "loss_agg_mode": "token-mean",
+        "config": actor_config(),
+        "rollout_is_weights": weights,
+    }
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = core_algos.get_policy_loss_fn(
+        "per_rollout_mean"
+    )
+    loss, metrics = loss_fn(**{k: values[k] for k in keywords})
+    assert loss.shape == () and set(metrics) == {
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac_lower",
+    }
+
+
+def test_the_installed_verl_calls_losses_as_recorded_for_its_release_line() -> None:
+    vanilla = core_algos.get_policy_loss_fn("vanilla")
+    recorded = _compat.POLICY_LOSS_CALL_KEYWORDS[_compat.verl_version()[:2]]
+    assert tuple(inspect.signature(vanilla).parameters) == recorded
+
+
+def test_a_call_change_within_a_release_line_that_our_loss_accepts_warns_and_registers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def vanilla_without_weights(
+        old_log_prob: object,
+        log_prob: object,
+        advantages: object,
+        response_mask: object,
+        loss_agg_mode: object,
+        config: object,
+    ) -> None:
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(_compat, "version", lambda _name: "0.8.0")
+    monkeypatch.setitem(core_algos.POLICY_LOSS_REGISTRY, "vanilla", vanilla_without_weights)
+    monkeypatch.delitem(core_algos.POLICY_LOSS_REGISTRY, "per_rollout_mean")
+    _compat.register_policy_loss("per_rollout_mean", compute_policy_loss_per_rollout_mean)
+    assert core_algos.POLICY_LOSS_REGISTRY["per_rollout_mean"] is compute_policy_loss_per_rollout_mean
+    assert "verl 0.8.0 calls policy losses with" in caplog.text

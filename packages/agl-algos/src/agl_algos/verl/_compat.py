@@ -1,13 +1,17 @@
 """The one place that knows how verl releases differ. Everything verl-version-specific lives here.
 
-Facts per supported release (0.7.1, 0.8.x, 0.9.x):
-- policy losses are registered with ``verl.trainer.ppo.core_algos.register_policy_loss(name)`` into
-  ``POLICY_LOSS_REGISTRY`` and looked up with ``get_policy_loss_fn``; workers call them with keywords
-  ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)``
-  and expect ``(loss, metrics)``. Older releases (0.5.x) passed ``rollout_log_probs`` and expected a
-  4-tuple; the signature check below refuses them with the supported range.
-- the actor config's ``global_batch_info`` is filled by the engine workers (0.7.1+) and left empty by
-  0.7.1's legacy ``dp_actor``; :class:`agl_algos.PolicyLossConfig` reads both.
+Read from the wheels of 0.7.1, 0.8.0 and 0.9.1 (``verl/trainer/ppo/core_algos.py`` and its callers):
+- all three register policy losses with ``register_policy_loss(name)`` into ``POLICY_LOSS_REGISTRY``
+  and look them up with ``get_policy_loss_fn``; every caller (``workers/utils/losses.py``, 0.7.1's
+  ``dp_actor`` and ``megatron_actor``, the distillation loss of 0.8+) passes keywords only, the ones
+  in :data:`POLICY_LOSS_CALL_KEYWORDS`, and expects ``(loss, metrics)``. The keywords are the same in the three
+  lines, so the loss is registered as it is; a release calling with other keywords (0.5.x passed
+  ``rollout_log_probs``) is refused with the supported range.
+- 0.7.1 still defaults to the legacy ``dp_actor`` (``use_legacy_worker_impl: auto``), which leaves the
+  actor config's ``global_batch_info`` empty (dp_size read as 1) and multiplies the loss by the
+  micro/mini-batch ratio; 0.8+ have only the engine workers, which fill ``global_batch_info``.
+  :class:`agl_algos.PolicyLossConfig` reads both.
+- ``agg_loss`` has ``"token-sum"`` in 0.9.x, not in 0.7.1 or 0.8.0.
 - ``compute_advantage`` lives in ``verl.trainer.ppo.ray_trainer`` in all of them.
 """
 
@@ -23,6 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 __all__ = (
+    "POLICY_LOSS_CALL_KEYWORDS",
     "SUPPORTED_VERL",
     "compute_advantage_fn",
     "register_policy_loss",
@@ -38,7 +43,7 @@ SUPPORTED_VERL = ">=0.7.1,<0.10"
 
 _MIN = (0, 7, 1)
 _MAX_EXCLUSIVE = (0, 10)
-_POLICY_LOSS_PARAMS = (
+_KEYWORDS = (
     "old_log_prob",
     "log_prob",
     "advantages",
@@ -47,6 +52,12 @@ _POLICY_LOSS_PARAMS = (
     "config",
     "rollout_is_weights",
 )
+POLICY_LOSS_CALL_KEYWORDS: dict[tuple[int, ...], tuple[str, ...]] = {
+    (0, 7): _KEYWORDS,
+    (0, 8): _KEYWORDS,
+    (0, 9): _KEYWORDS,
+}
+"""The keywords each supported release line calls a policy loss with (its vanilla loss's parameters)."""
 _INSTALL_HINT = "pip install 'agl-algos[verl]'"
 
 
@@ -78,13 +89,25 @@ def warn_if_unsupported() -> None:
         )
 
 
-def _check_policy_loss_signature(core_algos: Any) -> None:
-    vanilla = core_algos.get_policy_loss_fn("vanilla")
-    params = tuple(inspect.signature(vanilla).parameters)
-    if params != _POLICY_LOSS_PARAMS:
+def _check_policy_loss_signature(core_algos: Any, loss_fn: Callable[..., Any]) -> None:
+    """Refuse ``loss_fn`` unless it accepts every keyword the installed release calls losses with."""
+    installed = verl_version()
+    called_with = tuple(inspect.signature(core_algos.get_policy_loss_fn("vanilla")).parameters)
+    expected = POLICY_LOSS_CALL_KEYWORDS.get(installed[:2])
+    try:
+        inspect.signature(loss_fn).bind(**dict.fromkeys(called_with))
+    except TypeError as error:
         raise RuntimeError(
-            f"verl {'.'.join(map(str, verl_version()))} calls policy losses with {params}, agl-algos supports "
-            f"{_POLICY_LOSS_PARAMS} (verl {SUPPORTED_VERL}); install a supported verl"
+            f"verl {'.'.join(map(str, installed))} calls policy losses with {called_with}, which "
+            f"{loss_fn.__qualname__} does not accept ({error}); agl-algos supports verl {SUPPORTED_VERL}"
+        ) from error
+    if expected is not None and called_with != expected:
+        _LOG.warning(
+            "verl %s calls policy losses with %s, not %s as its release line did when agl-algos was "
+            "checked; the loss accepts them and is registered",
+            ".".join(map(str, installed)),
+            called_with,
+            expected,
         )
 
 
@@ -98,7 +121,7 @@ def register_policy_loss(name: str, loss_fn: Callable[..., Any]) -> None:
     current = registry.get(name)
     if current is loss_fn:
         return
-    _check_policy_loss_signature(core_algos)
+    _check_policy_loss_signature(core_algos, loss_fn)
     if current is not None:
         _LOG.warning(
             "replacing policy loss %r (%s.%s) with %s.%s",
