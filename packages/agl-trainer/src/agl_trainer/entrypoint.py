@@ -1,7 +1,12 @@
-"""``run_ppo``: start Ray with agl's worker setup hook, build the trainer on in-memory data, train."""
+"""``run_ppo``: start Ray with agl's worker setup hook, build the trainer on in-memory data, train.
+
+``run_from_files`` is the production run of ``agl-trainer``: the same, on rows read from
+``data.train_files`` and ``data.val_files``.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -100,12 +105,89 @@ def run_ppo(
     return trainer
 
 
+PRODUCTION_REQUIRED_KEYS = (
+    "actor_rollout_ref.model.path",
+    "agentlightning.agl_base_url",
+    "data.train_files",
+    "data.val_files",
+)
+"""What a production run must be told: nothing is started or built for it, and verl's defaults for
+these (a 7B model and gsm8k files under ~/data, a gateway on localhost) are rarely what is meant."""
+
+
+def production_config(overrides: Sequence[str]) -> DictConfig:
+    """The composed config of a production run; ``ValueError`` naming each required key not overridden."""
+    given = {override.split("=", 1)[0].lstrip("+") for override in overrides}
+    missing = [key for key in PRODUCTION_REQUIRED_KEYS if key not in given]
+    if missing:
+        raise ValueError(
+            f"a production run (no local services) needs {', '.join(f'{key}=...' for key in missing)}; "
+            "e.g. actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct agentlightning.agl_base_url=http://gateway:8080 "
+            "data.train_files=train.parquet data.val_files=test.parquet (run agl-trainer with none of "
+            "model.path, agl_base_url or external_servers.endpoints for the embedded default)"
+        )
+    return compose_config(overrides)
+
+
+def load_rows(files: str | Sequence[str], *, key: str) -> list[dict[str, Any]]:
+    """The rows of one file or a list of files: ``.jsonl`` (one JSON object a line) or ``.parquet``.
+
+    Each row becomes a rollout's ``input``. ``key`` (e.g. ``data.train_files``) is named in errors.
+    """
+    paths = [Path(files)] if isinstance(files, str) else [Path(str(f)) for f in files]
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        path = path.expanduser()
+        if not path.is_file():
+            raise ValueError(f"{key}: {path} does not exist")
+        if path.suffix == ".jsonl":
+            rows += [_json_row(line, path, key) for line in path.read_text().splitlines() if line.strip()]
+        elif path.suffix == ".parquet":
+            rows += _parquet_rows(path)
+        else:
+            raise ValueError(f"{key}: {path} is neither .jsonl nor .parquet; convert it to one of them")
+    if not rows:
+        raise ValueError(f"{key}: {[str(p) for p in paths]} hold no rows")
+    return rows
+
+
+def _json_row(line: str, path: Path, key: str) -> dict[str, Any]:
+    row = json.loads(line)
+    if not isinstance(row, dict):
+        raise ValueError(
+            f"{key}: {path} has a line that is a {type(row).__name__}; each line must be a JSON object"
+        )
+    return row  # pyright: ignore[reportUnknownVariableType]  (JSON object)
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq  # a dependency of verl
+
+    # to_pylist gives plain lists and dicts (pandas would give numpy arrays, which are not JSON).
+    return pq.read_table(path).to_pylist()
+
+
+def run_from_files(overrides: Sequence[str]) -> AglRayPPOTrainer:
+    """The production run: train on ``data.train_files``, validate on ``data.val_files``.
+
+    Starts no agl-server, inference server or agents and builds no model: the config names them.
+    """
+    config = production_config(overrides)
+    train = load_rows(config.data.train_files, key="data.train_files")
+    val = load_rows(config.data.val_files, key="data.val_files")
+    return run_ppo(config, train, val)
+
+
 __all__ = (
     "CONFIG_DIR",
+    "PRODUCTION_REQUIRED_KEYS",
     "build_trainer",
     "compose_config",
     "default_weight_pusher",
     "init_ray",
+    "load_rows",
+    "production_config",
+    "run_from_files",
     "run_ppo",
     "served_model_name",
 )
