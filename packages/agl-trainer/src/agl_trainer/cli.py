@@ -1,32 +1,168 @@
 """The ``agl-trainer`` console script.
 
-With no arguments it runs the embedded default (see :mod:`agl_trainer.demo`). With Hydra overrides
-(``key=value`` as verl users type them) it runs the embedded default's local stack with them
-applied; ``--help`` prints this.
+With no arguments it runs the embedded default (see :mod:`agl_trainer.demo`). Hydra overrides
+(``key=value`` as verl users type them) and a few shortcuts for newcomers (``task=``, ``steps=``,
+``level=``, ``--async``) change it. Naming an agl-server, external inference servers or a model
+(:data:`PRODUCTION_KEYS`) makes it the production run instead: nothing local is started and the
+rows come from ``data.train_files``/``data.val_files`` (:func:`agl_trainer.entrypoint.run_from_files`).
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
 
-USAGE = """usage: agl-trainer [KEY=VALUE ...]
+from agl_trainer.local.toy_task import TOY_TASKS
 
-Trains an LLM agent with GRPO on verl. With no arguments: the embedded default, a complete local
-training on CPU (agl-server, a CPU vLLM server, local agents for a toy multi-turn task, verl's FSDP
-workers). KEY=VALUE are Hydra overrides of agl-trainer's config (verl's ppo_trainer plus
-agentlightning.*), e.g.  agl-trainer trainer.total_training_steps=5 agentlightning.trace_aggregator.level=transition
+PRODUCTION_KEYS = (
+    "agentlightning.agl_base_url",
+    "agentlightning.external_servers.endpoints",
+    "actor_rollout_ref.model.path",
+)
+"""Overrides that select the production run: any of them means "use my server / servers / model"."""
+
+AGL_LOGGERS = ("agl_rollout", "agl_adapter", "agl_algos", "agl_trainer")
+
+_SHORT_KEYS = {"task": "--task", "steps": "--steps", "level": "--level", "mode": "--mode"}
+
+_DESCRIPTION = """\
+Trains an LLM agent with GRPO on verl.
+
+With no arguments: the embedded default, a complete local training on CPU (agl-server, a CPU vLLM
+server, local agents for a toy multi-turn task, verl's FSDP workers) that finishes in minutes on
+2 cores, then writes metrics.jsonl and a PNG of reward and loss per step.
+
+With any of actor_rollout_ref.model.path=, agentlightning.agl_base_url= or
+agentlightning.external_servers.endpoints=[...]: the production run. Nothing local is started;
+agents run wherever your agl-server sends them, and the training and validation rows are read from
+data.train_files and data.val_files (JSONL, or parquet with pyarrow installed).
+"""
+
+_EPILOG = """\
+KEY=VALUE are Hydra overrides of agl-trainer's config (verl's ppo_trainer plus agentlightning.*);
+they are applied after the shortcuts, so a full key wins. Shortcuts:
+  task=NAME            same as --task
+  steps=N              same as --steps       (trainer.total_training_steps=N)
+  level=LEVEL          same as --level       (agentlightning.trace_aggregator.level=LEVEL)
+  mode=sync|async      same as --sync/--async (agentlightning.async_rollout.enabled)
+Logging: trainer.logger=[console,wandb] adds Weights & Biases (after `wandb login`); the embedded
+default always keeps the file logger too, for metrics.jsonl and the plot.
+
+examples:
+  agl-trainer steps=5 --async level=transition
+  agl-trainer trainer.logger=[console,wandb] trainer.project_name=agl-demo
+  agl-trainer actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \\
+      agentlightning.agl_base_url=http://gateway:8080 \\
+      data.train_files=train.parquet data.val_files=test.parquet trainer.n_gpus_per_node=8
 """
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(arg in ("-h", "--help") for arg in args):
-        print(USAGE)
-        return
-    bad = [arg for arg in args if "=" not in arg]
-    if bad:
-        raise SystemExit(f"agl-trainer: expected KEY=VALUE overrides, got {bad}\n\n{USAGE}")
-    from agl_trainer.demo import run_embedded_default
+@dataclass(frozen=True)
+class CliArgs:
+    """What the command line asks for: a toy task (None: not named) and Hydra overrides."""
 
-    run_embedded_default(args)
+    task: str | None
+    overrides: tuple[str, ...]
+
+    @property
+    def is_production(self) -> bool:
+        """Whether an override names a real server, servers or model (:data:`PRODUCTION_KEYS`)."""
+        return any(override.split("=", 1)[0].lstrip("+~") in PRODUCTION_KEYS for override in self.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agl-trainer",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--task", choices=sorted(TOY_TASKS), help="the embedded default's toy task (default: digits)"
+    )
+    parser.add_argument("--steps", type=_positive_int, help="training steps (trainer.total_training_steps)")
+    parser.add_argument(
+        "--level",
+        choices=("transition", "trajectory"),
+        help="training rows per LLM call (transition) or per merged multi-turn trace (trajectory, the default)",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--mode", choices=("sync", "async"), help="same as --sync / --async")
+    mode.add_argument(
+        "--async", dest="mode", action="store_const", const="async", help="async rollouts by GRPO group"
+    )
+    mode.add_argument(
+        "--sync", dest="mode", action="store_const", const="sync", help="sync rollouts (the default)"
+    )
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> CliArgs:
+    """Shortcuts and ``KEY=VALUE`` overrides → :class:`CliArgs`; exits with usage on a bad argument."""
+    parser = build_parser()
+    args = parser.parse_intermixed_args([flag for arg in argv for flag in _expand_short_key(arg)])
+    bad = [arg for arg in args.overrides if "=" not in arg]
+    if bad:
+        parser.error(f"expected KEY=VALUE overrides, got {bad}")
+    overrides: list[str] = []
+    if args.steps is not None:
+        overrides.append(f"trainer.total_training_steps={args.steps}")
+    if args.level is not None:
+        overrides.append(f"agentlightning.trace_aggregator.level={args.level}")
+    if args.mode is not None:
+        overrides.append(f"agentlightning.async_rollout.enabled={str(args.mode == 'async').lower()}")
+    return CliArgs(task=args.task, overrides=(*overrides, *args.overrides))
+
+
+def _expand_short_key(arg: str) -> list[str]:
+    key, sep, value = arg.partition("=")
+    if sep and key in _SHORT_KEYS:
+        return [_SHORT_KEYS[key], value]
+    return [arg]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def configure_logging(stream: TextIO | None = None) -> logging.Handler:
+    """Show agl's INFO lines (rollout progress when stderr is no TTY, per-step notes) on ``stream``.
+
+    Other libraries stay at WARNING, so httpx's per-request INFO lines stay quiet. Returns the handler.
+    """
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.getLogger().addHandler(handler)
+    for name in AGL_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.is_production and args.task is not None:
+        raise SystemExit(
+            f"agl-trainer: task={args.task} selects the embedded default's toy task, but the overrides name "
+            f"a production setup (one of {', '.join(PRODUCTION_KEYS)}); drop task= and give data.train_files"
+        )
+    configure_logging()
+    if args.is_production:
+        from agl_trainer.entrypoint import run_from_files
+
+        run_from_files(args.overrides)
+    else:
+        from agl_trainer.demo import run_embedded_default
+
+        run_embedded_default(args.overrides, task=args.task or "digits")
+
+
+if __name__ == "__main__":
+    main()

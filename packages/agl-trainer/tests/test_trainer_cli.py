@@ -1,0 +1,123 @@
+"""The ``agl-trainer`` command line: shortcuts, overrides, which run they select, logging."""
+
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from agl_rollout.progress import WaitProgress
+from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, main, parse_args
+
+
+def test_shortcuts_map_onto_their_hydra_keys_before_the_overrides() -> None:
+    args = parse_args(["task=digits", "steps=3", "--async", "level=transition", "data.train_batch_size=8"])
+    assert args == CliArgs(
+        task="digits",
+        overrides=(
+            "trainer.total_training_steps=3",
+            "agentlightning.trace_aggregator.level=transition",
+            "agentlightning.async_rollout.enabled=true",
+            "data.train_batch_size=8",
+        ),
+    )
+
+
+def test_flags_mean_the_same_as_short_keys() -> None:
+    flags = parse_args(["--steps", "2", "--level", "trajectory", "--sync", "trainer.test_freq=1"])
+    assert flags == parse_args(["steps=2", "level=trajectory", "mode=sync", "trainer.test_freq=1"])
+    assert flags.overrides == (
+        "trainer.total_training_steps=2",
+        "agentlightning.trace_aggregator.level=trajectory",
+        "agentlightning.async_rollout.enabled=false",
+        "trainer.test_freq=1",
+    )
+
+
+def test_no_arguments_ask_for_nothing() -> None:
+    assert parse_args([]) == CliArgs(task=None, overrides=())
+
+
+def test_unknown_task_fails_listing_the_known_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["task=chess"])
+    assert exit_info.value.code == 2
+    assert "argument --task: invalid choice: 'chess' (choose from 'digits')" in capsys.readouterr().err
+
+
+def test_unknown_level_fails_listing_the_levels(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["level=episode"])
+    assert "invalid choice: 'episode' (choose from 'transition', 'trajectory')" in capsys.readouterr().err
+
+
+def test_steps_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["steps=0"])
+    assert "argument --steps: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_sync_and_async_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--sync", "--async"])
+    assert "argument --async: not allowed with argument --sync" in capsys.readouterr().err
+
+
+def test_argument_without_equals_sign_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["trainer.total_training_steps"])
+    assert "expected KEY=VALUE overrides, got ['trainer.total_training_steps']" in capsys.readouterr().err
+
+
+def test_help_documents_the_shortcuts_and_the_production_run(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for expected in (
+        "--task {digits}",
+        "--level {transition,trajectory}",
+        "--async",
+        "steps=N",
+        "trainer.logger=[console,wandb]",
+        "data.train_files and data.val_files",
+    ):
+        assert expected in text
+
+
+@pytest.mark.parametrize(
+    ("override", "production"),
+    [
+        ("actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct", True),
+        ("agentlightning.agl_base_url=http://gateway:8080", True),
+        ("agentlightning.external_servers.endpoints=[http://vllm:8000/v1]", True),
+        ("+actor_rollout_ref.model.path=/models/q", True),
+        ("trainer.total_training_steps=3", False),
+        ("actor_rollout_ref.model.path_suffix=x", False),
+    ],
+)
+def test_overrides_naming_a_server_or_model_select_the_production_run(
+    override: str, production: bool
+) -> None:
+    assert CliArgs(task=None, overrides=(override,)).is_production is production
+
+
+def test_a_task_with_a_production_setup_is_refused() -> None:
+    with pytest.raises(SystemExit, match="task=digits selects the embedded default's toy task"):
+        main(["task=digits", "agentlightning.agl_base_url=http://gateway:8080"])
+
+
+def test_configured_logging_shows_progress_lines_when_not_a_tty() -> None:
+    stream = io.StringIO()
+    handler = configure_logging(stream)
+    try:
+        WaitProgress("train rollouts", 4, enabled=False).close(4, 3, 1, 0)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        for name in AGL_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
+    assert (
+        "INFO agl_rollout.progress: train rollouts progress done=4 total=4 succeeded=3 failed=1 timed_out=0"
+        in (stream.getvalue())
+    )
