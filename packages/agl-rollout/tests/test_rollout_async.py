@@ -120,6 +120,32 @@ def test_carried_state_survives_a_json_round_trip_and_resumes(fresh_agl_server: 
     trained_first = {xs[0] for xs in _groups(step1.completed).values()}
     trained_after_resume = {xs[0] for xs in _groups(step2.completed).values()}
     assert trained_after_resume == {0, 1, 2, 3} - trained_first
+    assert step2.metrics["training/async/n_lost_rollouts_recreated"] == 0.0
+
+
+def test_resume_against_a_restarted_server_recreates_the_lost_pending_members(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    x0_never_starts = lambda r: AgentBehaviour(outcome="never_start" if r["input"]["x"] == 0 else "succeeded")  # noqa: E731
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        with FakeAgents(fresh_agl_server.url, behaviour=x0_never_starts) as before:
+            manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
+            step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+            state = manager.state
+        fresh_agl_server.restart()
+        with FakeAgents(fresh_agl_server.url) as after:
+            resumed = AsyncRolloutManager(
+                client, CONFIG, train_batch_size=2, async_train_batch_size=4, state=state
+            )
+            step2 = resumed.enqueue_and_wait_until_group_completed([], step=2)
+        left = client.list_rollouts(list(RolloutState))
+    assert before.stats.errors == [] and after.stats.errors == []
+    trained_first = {xs[0] for xs in _groups(step1.completed).values()}
+    assert sorted(_groups(step2.completed).values()) == sorted([x, x] for x in {0, 1, 2, 3} - trained_first)
+    [x0_data_id] = [g.data_id for g in state.groups if g.pending]
+    assert {r.data_id for r in step2.completed if r.input["x"] == 0} == {x0_data_id}
+    assert step2.metrics["training/async/n_lost_rollouts_recreated"] == 2.0
+    assert left == []
 
 
 def test_weight_version_span_is_recorded_per_trained_group_and_groups_without_versions_counted(

@@ -6,12 +6,15 @@ carried over whole to the next step: unfinished groups keep waiting, and complet
 beyond the step's need are kept for the next step, never lost. Members that finished are
 finished once (hooked, turned into a CompletedRollout and deleted on the server when first
 seen) and never polled or hooked again. The carried state is a pydantic model, so a trainer
-can checkpoint it and resume.
+can checkpoint it and resume, also against a restarted server: pending members it lost are
+created again (``training/async/n_lost_rollouts_recreated``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
@@ -20,12 +23,15 @@ from agl_rollout._tracker import RolloutTracker, WaitCounts
 from agl_rollout.batch import Batch, batch_len
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.errors import AglHTTPError
 from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
-from agl_rollout.queueing import build_requests, enqueue
+from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
 from agl_rollout.sync_manager import RolloutBatchResult
-from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
+from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration, RolloutCreate, RolloutMetadata
+
+logger = logging.getLogger("agl_rollout.async")
 
 
 class CarriedGroup(BaseModel):
@@ -103,6 +109,7 @@ class AsyncRolloutManager:
         self._next_seq = restored.next_completed_seq
         self._tracker = RolloutTracker(client, config, self.hooks)
         self._tracker.cursor = restored.cursor
+        self._check_resumed = any(group.pending for group in self._groups.values())
 
     @property
     def state(self) -> AsyncRolloutState:
@@ -140,6 +147,8 @@ class AsyncRolloutManager:
         n_hook_errors_before = self.hooks.n_errors
         if models is not None:
             self.client.register_models(models)
+        n_recreated = self._recreate_lost_after_resume() if self._check_resumed else 0
+        self._check_resumed = False
         self._enqueue(batch, step)
         counts = WaitCounts()
         self._wait_for_complete_groups(counts)
@@ -150,6 +159,7 @@ class AsyncRolloutManager:
             "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
             **lifecycle_metrics(completed),
             **self._async_metrics(step, n_prev_rollouts, trained),
+            "training/async/n_lost_rollouts_recreated": float(n_recreated),
         }
         return RolloutBatchResult(completed=completed, metrics=metrics)
 
@@ -171,6 +181,55 @@ class AsyncRolloutManager:
                 record.data_id, CarriedGroup(data_id=record.data_id, first_step=step)
             )
             group.pending[record.rollout_id] = record
+
+    def _recreate_lost_after_resume(self) -> int:
+        """Re-create the pending members of a resumed state that the server no longer has.
+
+        agl-server keeps its store in memory, so a restart loses every queued rollout: a
+        completion log shorter than the checkpointed cursor means all pending members are
+        gone (the cursor then restarts at the new log's end); otherwise each pending member
+        is looked up once. A lost member is created again under a new rollout id with its
+        group's ``data_id`` and recorded input (``on_enqueue`` already rewrote that input and
+        does not run again); finished members are kept. Returns how many were re-created.
+        """
+        members = [(group, r) for group in self._groups.values() for r in group.pending.values()]
+        total_terminal = self.client.terminal_page(0, limit=1).total_terminal
+        if self._tracker.cursor is not None and total_terminal < self._tracker.cursor:
+            self._tracker.cursor = total_terminal
+            lost = members
+        else:
+            lost = [(group, r) for group, r in members if not self._exists(r.rollout_id)]
+        if not lost:
+            return 0
+        rollout_config = self.config.rollout_config()
+        requests: list[RolloutCreate] = []
+        enqueued: list[EnqueuedRollout] = []
+        for group, old in lost:
+            new = old.model_copy(update={"rollout_id": uuid.uuid4().hex, "running_at": None})
+            del group.pending[old.rollout_id]
+            group.pending[new.rollout_id] = new
+            enqueued.append(new)
+            requests.append(
+                RolloutCreate(
+                    input=new.input,
+                    is_train=True,
+                    config=rollout_config,
+                    metadata=RolloutMetadata(),
+                    rollout_id=new.rollout_id,
+                )
+            )
+        logger.warning("re-creating %d rollout(s) the server lost since the checkpoint", len(lost))
+        enqueue(self.client, QueuedBatch(requests=requests, enqueued=enqueued))
+        return len(lost)
+
+    def _exists(self, rollout_id: str) -> bool:
+        try:
+            self.client.get_rollout(rollout_id)
+        except AglHTTPError as exc:
+            if exc.status_code == 404:
+                return False
+            raise
+        return True
 
     def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
         pending = {rid: r for g in self._groups.values() for rid, r in g.pending.items()}
