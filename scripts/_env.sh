@@ -1,5 +1,5 @@
-# Shared set-up for scripts/test and .ci/package: uv on PATH, torch's find-links handed to uv.
-# Sourced, not run.
+# Shared set-up for scripts/test and .ci/package: uv on PATH, torch's find-links handed to uv,
+# and the check that a venv holds the CPU build of torch. Sourced, not run.
 
 if ! command -v uv >/dev/null 2>&1; then
     echo "==> installing uv" >&2
@@ -8,10 +8,26 @@ fi
 
 # uv does not read pip's configuration; on machines whose pip is configured with
 # find-links holding a CPU build of torch, hand uv the same links so a sync never
-# downloads a multi-GB CUDA build.
+# downloads a multi-GB CUDA build. pip separates them by spaces or newlines, uv by commas.
 if [ -z "${UV_FIND_LINKS:-}" ]; then
     links="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
+    links="$(tr -s ' \t\n' ',' <<<"$links" | sed 's/^,//; s/,$//')"
     [ -n "$links" ] && export UV_FIND_LINKS="$links"
 fi
 
-export AGL_CACHE_DIR="${AGL_CACHE_DIR:-$HOME/.cache/agl}"
+# The same cache root as agl_trainer.local.envs.cache_dir.
+export AGL_CACHE_DIR="${AGL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/agl}"
+
+# require_cpu_torch VENV WHAT: exit unless VENV's torch (if any) is the CPU build, wherever that
+# build is expected: under CI, and wherever find-links (which carry it here) are set.
+require_cpu_torch() {
+    [ "${CI:-}" = true ] || [ -n "${UV_FIND_LINKS:-}" ] || return 0
+    local torch
+    torch="$(uv pip list --quiet --python "$1/bin/python" --format freeze | grep -i '^torch==' || true)"
+    if [ -n "$torch" ] && [[ "$torch" != *+cpu ]]; then
+        echo "$2 holds $torch, not the CPU build torch==2.13.0+cpu: uv found no CPU wheel" \
+            "(UV_FIND_LINKS='${UV_FIND_LINKS:-}', UV_EXTRA_INDEX_URL='${UV_EXTRA_INDEX_URL:-}');" \
+            "see README, \"torch\"" >&2
+        exit 1
+    fi
+}
