@@ -22,10 +22,11 @@ from agl_rollout import (
     load_hooks,
     model_registrations,
     percentile,
+    record_lifecycle,
     to_native,
 )
 from agl_testing.agents import model_request_data
-from agl_types import CompletedRollout, Event, RolloutState
+from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, RolloutState
 
 
 def _event(event_type: str, data: dict[str, Any]) -> Event:
@@ -261,6 +262,35 @@ def test_lifecycle_metrics_give_queue_run_and_total_percentiles() -> None:
     assert metrics["timing/rollout_total_s/p90"] == pytest.approx(6.6)
     assert metrics["timing/rollout_total_s/p99"] == pytest.approx(6.96)
     assert metrics["timing/rollout_n_missing_running_ts"] == 1.0
+
+
+def _observed(state: RolloutState, updated_at: float) -> Rollout:
+    return Rollout.model_validate(
+        {
+            "rollout_id": "r",
+            "input": None,
+            "config": {},
+            "status": {"state": state, "created_at": 0.0, "updated_at": updated_at},
+        }
+    )
+
+
+def test_a_rollout_never_seen_running_gets_its_terminal_updated_at_as_running_time() -> None:
+    record = EnqueuedRollout(rollout_id="r", data_id="d", step=0, sample_idx_in_step=0, enqueue_time=1.0)
+    record_lifecycle(record, _observed(RolloutState.QUEUING, 2.0))
+    record_lifecycle(record, _observed(RolloutState.SUCCEEDED, 7.5))
+    assert (record.running_at, record.finished_at) == (7.5, 7.5)
+
+
+def test_running_time_is_the_first_running_observation_and_finish_the_terminal_one() -> None:
+    record = EnqueuedRollout(rollout_id="r", data_id="d", step=0, sample_idx_in_step=0, enqueue_time=1.0)
+    for state, updated_at in [
+        (RolloutState.RUNNING, 3.0),
+        (RolloutState.RUNNING, 4.0),
+        (RolloutState.FAILED, 9.0),
+    ]:
+        record_lifecycle(record, _observed(state, updated_at))
+    assert (record.running_at, record.finished_at) == (3.0, 9.0)
 
 
 def test_lifecycle_metrics_of_no_rollouts_are_empty() -> None:
