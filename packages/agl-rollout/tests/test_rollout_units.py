@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from agl_rollout import (
     RetryPolicy,
     RolloutHooks,
     RolloutManagerConfig,
+    WaitCounts,
+    WaitProgress,
     batch_rows,
     extract_triplets,
     lifecycle_metrics,
@@ -295,6 +298,77 @@ def test_running_time_is_the_first_running_observation_and_finish_the_terminal_o
 
 def test_lifecycle_metrics_of_no_rollouts_are_empty() -> None:
     assert lifecycle_metrics([]) == {}
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _progress_state() -> tuple[WaitCounts, dict[str, EnqueuedRollout]]:
+    counts = WaitCounts()
+    counts.add(_completed(0, 100.0, 102.0, 105.0), 0)
+    counts.add(_completed(1, 100.0, 101.0, 102.0).model_copy(update={"timed_out": True}), 0)
+    pending = {
+        f"p{i}": EnqueuedRollout(
+            rollout_id=f"p{i}",
+            data_id="d",
+            step=0,
+            sample_idx_in_step=i,
+            enqueue_time=100.0 + i,
+            running_at=running,
+        )
+        for i, running in enumerate([None, 103.0, None])
+    }
+    return counts, pending
+
+
+def test_progress_on_a_tty_rewrites_one_line_with_outcomes_queue_and_run_times() -> None:
+    stream, clock = _Tty(), _Clock(100.0)
+    progress = WaitProgress("train rollouts", 5, stream=stream, clock=clock)
+    counts, pending = _progress_state()
+    clock.now = 112.0
+    progress.update(2, counts, pending)
+    clock.now = 120.0
+    progress.close(5, counts)
+    assert stream.getvalue() == (
+        "\rtrain rollouts: 2/5 done  ok=1 failed=0 timed_out=1  queued=2 running=1 mean_queue_wait=1.5s "
+        "mean_run=2.0s oldest_pending=12s  elapsed=12s\x1b[K"
+        "\rtrain rollouts: 5/5 done  ok=1 failed=0 timed_out=1  mean_queue_wait=1.5s mean_run=2.0s  "
+        "elapsed=20s\x1b[K\n"
+    )
+
+
+def test_progress_off_a_tty_writes_nothing_and_logs_at_most_every_10_s_and_at_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream, clock = io.StringIO(), _Clock(100.0)
+    progress = WaitProgress("val rollouts", 5, stream=stream, clock=clock)
+    counts, pending = _progress_state()
+    with caplog.at_level(logging.INFO, logger="agl_rollout.progress"):
+        for now in (105.0, 110.0, 115.0):
+            clock.now = now
+            progress.update(2, counts, pending)
+        clock.now = 116.0
+        progress.close(5, counts)
+    assert stream.getvalue() == ""
+    assert [r.getMessage() for r in caplog.records] == [
+        "val rollouts progress done=2 total=5 succeeded=1 failed=0 timed_out=1 queued=2 running=1 "
+        "mean_queue_wait=1.5s mean_run=2.0s oldest_pending=10s elapsed_s=10.0",
+        "val rollouts progress done=5 total=5 succeeded=1 failed=0 timed_out=1 mean_queue_wait=1.5s "
+        "mean_run=2.0s elapsed_s=16.0",
+    ]
 
 
 # -- load_hooks -----------------------------------------------------------------------------

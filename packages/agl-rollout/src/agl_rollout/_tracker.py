@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
@@ -31,12 +31,17 @@ _NO_EVENTS = TripletExtraction(triplets=[], final_reward=None, n_invalid_events=
 
 @dataclass
 class WaitCounts:
-    """Outcome counts of one wait. A timed-out rollout counts as timed out, not as failed."""
+    """Outcome counts of one wait, and the queue and run times of its finished rollouts so far.
+
+    A timed-out rollout counts as timed out, not as failed.
+    """
 
     n_succeeded: int = 0
     n_failed: int = 0
     n_timed_out: int = 0
     n_invalid_events: int = 0
+    queue_wait_s: list[float] = field(default_factory=list[float])
+    run_s: list[float] = field(default_factory=list[float])
 
     def add(self, completed: CompletedRollout, n_invalid_events: int) -> None:
         if completed.timed_out:
@@ -46,6 +51,10 @@ class WaitCounts:
         else:
             self.n_failed += 1
         self.n_invalid_events += n_invalid_events
+        if completed.running_at is not None:
+            self.queue_wait_s.append(completed.running_at - completed.enqueue_time)
+            if completed.finished_at is not None:
+                self.run_s.append(completed.finished_at - completed.running_at)
 
     @property
     def n_done(self) -> int:

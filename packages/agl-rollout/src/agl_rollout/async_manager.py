@@ -245,17 +245,10 @@ class AsyncRolloutManager:
                     group.completed_seq = self._next_seq
                     self._next_seq += 1
                     n_complete += 1
-            oldest = min((r.enqueue_time for r in pending.values()), default=time.time())
-            progress.update(
-                min(n_complete, self.train_batch_size),
-                counts.n_succeeded,
-                counts.n_failed,
-                counts.n_timed_out,
-                time.time() - oldest,
-            )
+            progress.update(min(n_complete, self.train_batch_size), counts, pending)
             if n_complete < self.train_batch_size:
                 time.sleep(self.config.poll_interval_seconds)
-        progress.close(self.train_batch_size, counts.n_succeeded, counts.n_failed, counts.n_timed_out)
+        progress.close(self.train_batch_size, counts)
 
     def _take_complete_groups(self) -> list[CarriedGroup]:
         complete = [group for group in self._groups.values() if group.is_complete]

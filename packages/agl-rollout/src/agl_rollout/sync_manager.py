@@ -25,10 +25,6 @@ class RolloutBatchResult:
     metrics: dict[str, float] = field(default_factory=dict[str, float])
 
 
-def _oldest_wait(pending: dict[str, EnqueuedRollout]) -> float:
-    return time.time() - min((r.enqueue_time for r in pending.values()), default=time.time())
-
-
 class SyncRolloutManager:
     """Queues rollouts for a batch and waits for all of them (sync training and all validation).
 
@@ -91,12 +87,10 @@ class SyncRolloutManager:
         progress = WaitProgress(label, len(pending), enabled=self.config.progress)
         while pending:
             completed.extend(tracker.sweep(pending, counts))
-            progress.update(
-                counts.n_done, counts.n_succeeded, counts.n_failed, counts.n_timed_out, _oldest_wait(pending)
-            )
+            progress.update(counts.n_done, counts, pending)
             if pending:
                 time.sleep(self.config.poll_interval_seconds)
-        progress.close(counts.n_done, counts.n_succeeded, counts.n_failed, counts.n_timed_out)
+        progress.close(counts.n_done, counts)
         return completed, counts
 
 
