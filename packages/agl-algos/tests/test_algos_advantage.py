@@ -244,3 +244,10 @@ def test_shifting_all_rewards_of_a_group_leaves_advantages_unchanged(
     torch.testing.assert_close(
         base, torch.tensor(grpo_loop(scores, ids), dtype=torch.float32), rtol=1e-5, atol=1e-5
     )
+
+
+def test_unhashable_ids_are_a_value_error_naming_the_field() -> None:
+    ids = np.empty(2, dtype=object)
+    ids[0], ids[1] = [1], [2]
+    with pytest.raises(ValueError, match="rollout_ids must hold hashable ids"):
+        rollout_layout(ids, ["g"] * 2, torch.zeros(2))

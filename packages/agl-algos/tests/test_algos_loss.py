@@ -11,7 +11,12 @@ from algos_reference import normalize_by_rollout_loop, ppo_token_loss
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_algos import PolicyLossConfig, compute_policy_loss_per_rollout_mean, normalize_advantages_by_rollout
+from agl_algos import (
+    PolicyLossConfig,
+    compute_policy_loss_per_rollout_mean,
+    normalize_advantages_by_rollout,
+    rollout_layout,
+)
 
 CONFIG = PolicyLossConfig(clip_ratio=0.2)
 
@@ -72,6 +77,60 @@ def test_normalization_matches_the_per_row_loop(data: st.DataObject) -> None:
     n_trained = data.draw(st.integers(1, 50))
     out = normalize_advantages_by_rollout(advantages, mask, ids, num_trained_rows=n_trained)
     torch.testing.assert_close(out, normalize_by_rollout_loop(advantages, mask, ids, n_trained))
+
+
+def test_precomputed_rollout_codes_give_the_spec_masses() -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    codes = torch.tensor([0, 0, 1])
+    out = normalize_advantages_by_rollout(
+        torch.ones(3, 3), mask, ["A", "A", "B"], num_trained_rows=3, rollout_codes=codes
+    )
+    assert torch.equal(out, torch.full((3, 3), 1 / 9))
+
+
+def test_rollout_codes_from_the_advantage_layout_are_accepted_as_numpy() -> None:
+    mask = torch.tensor([[1, 1], [1, 0], [0, 0]])
+    layout = rollout_layout(["x", "y", "x"], ["g"] * 3, torch.zeros(3))
+    out = normalize_advantages_by_rollout(
+        torch.ones(3, 2), mask, ["x", "y", "x"], num_trained_rows=1, rollout_codes=layout.rollout_of_row
+    )
+    assert out.tolist() == [[0.5, 0.5], [1.0, 1.0], [0.5, 0.5]]
+
+
+@pytest.mark.parametrize(
+    ("codes", "match"),
+    [
+        (torch.tensor([0, 1]), r"int64 of shape \(3,\)"),
+        (torch.tensor([0.0, 1.0, 1.0]), r"int64 of shape \(3,\)"),
+        (torch.tensor([0, 1, 1], dtype=torch.int32), r"int64 of shape \(3,\)"),
+        (torch.tensor([0, -1, 1]), r"in \[0, 3\)"),
+        (torch.tensor([0, 3, 1]), r"in \[0, 3\)"),
+    ],
+)
+def test_invalid_rollout_codes_are_a_value_error_naming_them(codes: torch.Tensor, match: str) -> None:
+    with pytest.raises(ValueError, match=rf"rollout_codes must be .*{match}"):
+        normalize_advantages_by_rollout(
+            torch.ones(3, 2), torch.ones(3, 2), ["a", "b", "b"], num_trained_rows=1, rollout_codes=codes
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_normalization_with_and_without_precomputed_codes_is_identical(data: st.DataObject) -> None:
+    n_rows, length = data.draw(st.integers(0, 12)), data.draw(st.integers(1, 6))
+    ids = data.draw(st.lists(st.sampled_from(["a", "b", 3, 4]), min_size=n_rows, max_size=n_rows))
+    mask = torch.tensor(
+        data.draw(st.lists(st.integers(0, 1), min_size=n_rows * length, max_size=n_rows * length))
+    ).reshape(n_rows, length)
+    advantages = torch.randn(
+        n_rows, length, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    )
+    codes = rollout_layout(ids, [0] * n_rows, torch.zeros(n_rows)).rollout_of_row
+    without = normalize_advantages_by_rollout(advantages, mask, ids, num_trained_rows=n_rows + 1)
+    with_codes = normalize_advantages_by_rollout(
+        advantages, mask, ids, num_trained_rows=n_rows + 1, rollout_codes=codes
+    )
+    assert torch.equal(without, with_codes)
 
 
 def loss_of(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from agl_algos._ids import IdArray, factorize
@@ -25,8 +27,31 @@ __all__ = (
 PER_ROLLOUT_MEAN_LOSS_MODE = "per_rollout_mean"
 """The ``actor.policy_loss.loss_mode`` name the loss is registered under in verl."""
 
+CodeArray = npt.NDArray[np.int64] | torch.Tensor
+"""Rollout codes, one int64 per row."""
+
 LOG_RATIO_CLAMP = 20.0
 """log(pi/pi_old) is clamped to [-20, 20] before exp, as in verl, so the ratio never overflows."""
+
+
+def _codes(
+    rollout_ids: IdArray, rollout_codes: CodeArray | None, n_rows: int, device: torch.device
+) -> torch.Tensor:
+    """Rollout codes (N,) int64 in [0, N) on ``device``: the given ones once checked, else factorised."""
+    if rollout_codes is None:
+        return torch.as_tensor(factorize(rollout_ids, name="rollout_ids").codes, device=device)
+    codes = torch.as_tensor(rollout_codes, device=device)
+    if codes.dtype != torch.int64 or codes.shape != (n_rows,):
+        raise ValueError(
+            f"rollout_codes must be int64 of shape ({n_rows},), got {codes.dtype} {tuple(codes.shape)}; "
+            "pass RolloutLevelAdvantage.layout.rollout_of_row"
+        )
+    if n_rows and bool(((codes < 0) | (codes >= n_rows)).any()):
+        raise ValueError(
+            f"rollout_codes must be codes in [0, {n_rows}) (one per rollout), got min {int(codes.min())} "
+            f"and max {int(codes.max())}; pass RolloutLevelAdvantage.layout.rollout_of_row"
+        )
+    return codes
 
 
 def normalize_advantages_by_rollout(
@@ -35,18 +60,20 @@ def normalize_advantages_by_rollout(
     rollout_ids: IdArray,
     *,
     num_trained_rows: int,
+    rollout_codes: CodeArray | None = None,
 ) -> torch.Tensor:
     """Divide each row's advantages by (trained tokens of its rollout x ``num_trained_rows``).
 
     ``advantages``, ``response_mask`` (N, T); ``rollout_ids`` (N,) -> (N, T) in the advantages' dtype.
     The divisor is clamped at 1. ``num_trained_rows`` is the step's whole trained batch (not a
-    mini-batch), so mini-batch updates sum to the same total. Vectorised: one sort of the ids and one
-    scatter-add, no loop over rows.
+    mini-batch), so mini-batch updates sum to the same total. ``rollout_codes`` (N,) int64, optional:
+    the rollouts already numbered (``RolloutLevelAdvantage.layout.rollout_of_row``), trusted to match
+    ``rollout_ids`` (only dtype, shape and range are checked) so the ids are not grouped again.
+    Cost: one Python pass over the ids (none with ``rollout_codes``) and one scatter-add.
     """
-    if len(rollout_ids) != advantages.shape[0]:
-        raise ValueError(
-            f"rollout_ids length ({len(rollout_ids)}) must match advantages rows ({advantages.shape[0]})"
-        )
+    n_rows = advantages.shape[0]
+    if len(rollout_ids) != n_rows:
+        raise ValueError(f"rollout_ids length ({len(rollout_ids)}) must match advantages rows ({n_rows})")
     if num_trained_rows <= 0:
         raise ValueError(f"num_trained_rows must be positive, got {num_trained_rows}; pass len(batch)")
     if response_mask.shape != advantages.shape:
@@ -54,10 +81,9 @@ def normalize_advantages_by_rollout(
             f"response_mask {tuple(response_mask.shape)} must have the shape of advantages "
             f"{tuple(advantages.shape)}"
         )
-    rollouts = factorize(rollout_ids, name="rollout_ids")
-    codes = torch.as_tensor(rollouts.codes, device=advantages.device)
+    codes = _codes(rollout_ids, rollout_codes, n_rows, advantages.device)
     row_tokens = response_mask.sum(-1, dtype=torch.int64)
-    rollout_tokens = torch.zeros(rollouts.n_unique, dtype=torch.int64, device=advantages.device)
+    rollout_tokens = torch.zeros(n_rows, dtype=torch.int64, device=advantages.device)
     rollout_tokens.index_add_(0, codes, row_tokens)
     divisor = (rollout_tokens[codes] * num_trained_rows).clamp_min(1).to(advantages.dtype)
     return advantages / divisor.unsqueeze(-1)
