@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -14,6 +15,13 @@ from agl_types import RolloutState
 pytestmark = pytest.mark.server
 
 POLL = 0.02
+TIMEOUT_S = 30.0  # a stuck agent fails the test in seconds instead of hanging it
+
+
+def _config(**overrides: Any) -> RolloutManagerConfig:
+    return dataclasses.replace(
+        RolloutManagerConfig(poll_interval_seconds=POLL, rollout_timeout_seconds=TIMEOUT_S), **overrides
+    )
 
 
 def _rows(n: int) -> list[dict[str, Any]]:
@@ -28,14 +36,15 @@ def _server_rollouts(client: AglClient) -> list[str]:
 def test_sync_wait_returns_every_rollout_exactly_once_and_leaves_server_empty(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    config = RolloutManagerConfig(train_rollout_n=3, poll_interval_seconds=POLL)
+    config = _config(train_rollout_n=3)
     behaviour = lambda r: AgentBehaviour(delay_s=0.01 * (r["input"]["x"] % 4), reward=float(r["input"]["x"]))  # noqa: E731
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour) as agents,
     ):
         result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(_rows(5), is_train=True)
         left = _server_rollouts(client)
+    assert agents.stats.errors == []
     ids = [r.rollout_id for r in result.completed]
     assert len(ids) == 15 and len(set(ids)) == 15
     assert left == []
@@ -48,10 +57,14 @@ def test_sync_wait_returns_every_rollout_exactly_once_and_leaves_server_empty(
 
 def test_failed_rollouts_are_returned_with_their_error_and_counted(agl_server: AglServerProcess) -> None:
     behaviour = lambda r: AgentBehaviour(outcome="failed" if r["input"]["x"] == 0 else "succeeded")  # noqa: E731
-    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url, behaviour=behaviour):
-        result = SyncRolloutManager(
-            client, RolloutManagerConfig(poll_interval_seconds=POLL)
-        ).enqueue_and_wait_until_completed(_rows(3), is_train=True)
+    with (
+        AglClient(agl_server.url, TEST_KEY) as client,
+        FakeAgents(agl_server.url, behaviour=behaviour) as agents,
+    ):
+        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
+            _rows(3), is_train=True
+        )
+    assert agents.stats.errors == []
     failed = [r for r in result.completed if not r.succeeded]
     assert [(r.sample_idx_in_step, r.error_message, r.timed_out) for r in failed] == [
         (0, "fake agent failed on purpose", False)
@@ -61,9 +74,10 @@ def test_failed_rollouts_are_returned_with_their_error_and_counted(agl_server: A
 
 
 def test_validation_enqueues_one_rollout_per_sample(agl_server: AglServerProcess) -> None:
-    config = RolloutManagerConfig(train_rollout_n=4, poll_interval_seconds=POLL)
-    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url):
+    config = _config(train_rollout_n=4)
+    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url) as agents:
         result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(_rows(3), is_train=False)
+    assert agents.stats.errors == []
     assert sorted(r.sample_idx_in_step for r in result.completed) == [0, 1, 2]
 
 
@@ -72,13 +86,16 @@ def test_multi_turn_rollout_gives_one_triplet_per_call_with_reward_on_the_last(
 ) -> None:
     with (
         AglClient(agl_server.url, TEST_KEY) as client,
-        FakeAgents(agl_server.url, behaviour=AgentBehaviour(turns=3, reward=0.75, weight_version=4)),
+        FakeAgents(
+            agl_server.url, behaviour=AgentBehaviour(turns=3, reward=0.75, weight_version=4)
+        ) as agents,
     ):
         [rollout] = (
-            SyncRolloutManager(client, RolloutManagerConfig(poll_interval_seconds=POLL))
+            SyncRolloutManager(client, _config())
             .enqueue_and_wait_until_completed(_rows(1), is_train=True)
             .completed
         )
+    assert agents.stats.errors == []
     assert [t.reward for t in rollout.triplets] == [None, None, 0.75]
     assert [t.response_token_ids for t in rollout.triplets] == [[10, 20], [11, 21], [12, 22]]
     assert rollout.triplets[2].prompt_token_ids == [1, 2, 3, 10, 20, 30, 11, 21, 31]
@@ -92,10 +109,14 @@ def test_malformed_events_are_skipped_and_counted(agl_server: AglServerProcess) 
         reward=1.0,
         malformed=("error_status", "no_response_tokens", "bad_log_probs", "non_numeric_reward"),
     )
-    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url, behaviour=behaviour):
-        result = SyncRolloutManager(
-            client, RolloutManagerConfig(poll_interval_seconds=POLL)
-        ).enqueue_and_wait_until_completed(_rows(2), is_train=True)
+    with (
+        AglClient(agl_server.url, TEST_KEY) as client,
+        FakeAgents(agl_server.url, behaviour=behaviour) as agents,
+    ):
+        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
+            _rows(2), is_train=True
+        )
+    assert agents.stats.errors == []
     assert [len(r.triplets) for r in result.completed] == [2, 2]
     assert [r.final_reward for r in result.completed] == [1.0, 1.0]
     assert result.metrics["training/n_invalid_events"] == 8.0
@@ -106,13 +127,14 @@ def test_rollout_past_its_timeout_is_failed_on_server_returned_timed_out_and_cou
 ) -> None:
     outcomes: dict[int, Outcome] = {0: "never_finish", 1: "never_start"}
     behaviour = lambda r: AgentBehaviour(outcome=outcomes.get(r["input"]["x"], "succeeded"))  # noqa: E731
-    config = RolloutManagerConfig(rollout_timeout_seconds=0.5, poll_interval_seconds=POLL)
+    config = _config(rollout_timeout_seconds=0.5)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour) as agents,
     ):
         result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(_rows(3), is_train=True)
         left = _server_rollouts(client)
+    assert agents.stats.errors == []
     timed_out = sorted(
         (r.sample_idx_in_step, r.rollout_state, r.error_message) for r in result.completed if r.timed_out
     )
@@ -128,11 +150,12 @@ def test_rollout_past_its_timeout_is_failed_on_server_returned_timed_out_and_cou
 def test_running_time_is_recorded_from_the_server_status(agl_server: AglServerProcess) -> None:
     with (
         AglClient(agl_server.url, TEST_KEY) as client,
-        FakeAgents(agl_server.url, behaviour=AgentBehaviour(delay_s=0.3)),
+        FakeAgents(agl_server.url, behaviour=AgentBehaviour(delay_s=0.3)) as agents,
     ):
-        result = SyncRolloutManager(
-            client, RolloutManagerConfig(poll_interval_seconds=POLL)
-        ).enqueue_and_wait_until_completed(_rows(3), is_train=True)
+        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
+            _rows(3), is_train=True
+        )
+    assert agents.stats.errors == []
     for r in result.completed:
         assert r.running_at is not None and r.finished_at is not None
         assert r.finished_at - r.running_at >= 0.3
@@ -144,10 +167,9 @@ def test_the_callers_batch_is_not_mutated_and_no_key_is_added_to_the_input(
     agl_server: AglServerProcess,
 ) -> None:
     batch = {"x": [1, 2], "tags": [["a"], ["b"]]}
-    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url):
-        result = SyncRolloutManager(
-            client, RolloutManagerConfig(poll_interval_seconds=POLL)
-        ).enqueue_and_wait_until_completed(batch, is_train=True)
+    with AglClient(agl_server.url, TEST_KEY) as client, FakeAgents(agl_server.url) as agents:
+        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(batch, is_train=True)
+    assert agents.stats.errors == []
     assert batch == {"x": [1, 2], "tags": [["a"], ["b"]]}
     assert sorted(r.input["x"] for r in result.completed) == [1, 2]
     assert all(set(r.input) == {"x", "tags"} for r in result.completed)
