@@ -17,7 +17,7 @@ from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
 from agl_types import EventCreate, RolloutCreate, RolloutState, RolloutStatusPatch
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 
 def _request(**kw: object) -> RolloutCreate:

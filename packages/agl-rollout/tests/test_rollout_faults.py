@@ -23,7 +23,7 @@ from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
 from agl_types import EventCreate, RolloutCreate, RolloutState
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 CONFIG = RolloutManagerConfig(train_rollout_n=2, poll_interval_seconds=0.02)
 FAST_RETRY = RetryPolicy(max_attempts=100, base_delay_s=0.05, max_delay_s=0.5, deadline_s=20.0)

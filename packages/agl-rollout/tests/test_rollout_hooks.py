@@ -20,7 +20,7 @@ from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_types import CompletedRollout, Event, Rollout, RolloutCreate
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 FAST = RolloutManagerConfig(train_rollout_n=2, poll_interval_seconds=0.02, rollout_timeout_seconds=30.0)
 

@@ -12,7 +12,7 @@ from agl_testing.agents import AgentBehaviour, FakeAgents, Outcome
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_types import RolloutState
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 POLL = 0.02
 TIMEOUT_S = 30.0  # a stuck agent fails the test in seconds instead of hanging it

@@ -31,6 +31,8 @@ from agl_rollout import (
 from agl_testing.agents import model_request_data
 from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, RolloutState
 
+pytestmark = pytest.mark.timeout(60)
+
 
 def _event(event_type: str, data: dict[str, Any]) -> Event:
     return Event(event_type=event_type, rollout_id="r", attempt_id="0", timestamp=0.0, data=data)
