@@ -136,13 +136,17 @@ def _positive_int(text: str) -> int:
 def configure_logging(stream: TextIO | None = None) -> logging.Handler:
     """Show agl's INFO lines (rollout progress when stderr is no TTY, per-step notes) on ``stream``.
 
-    Other libraries stay at WARNING, so httpx's per-request INFO lines stay quiet. Returns the handler.
+    The handler goes on agl's loggers only, which stop propagating (verl installs a root handler,
+    so agl's lines would show twice); other libraries keep their own handlers and levels, so
+    httpx's per-request INFO lines stay quiet. Returns the handler.
     """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-    logging.getLogger().addHandler(handler)
     for name in AGL_LOGGERS:
-        logging.getLogger(name).setLevel(logging.INFO)
+        agl_logger = logging.getLogger(name)
+        agl_logger.setLevel(logging.INFO)
+        agl_logger.addHandler(handler)
+        agl_logger.propagate = False
     return handler
 
 
