@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,31 +18,32 @@ from typing import Any
 
 import pytest
 
+from agl_rollout import AglClient
+from agl_testing.requirements import missing_requirement
 from agl_trainer.local import (
     AgentContext,
     AglServer,
     AglServerApi,
     DigitToolTask,
     LocalAgentRunner,
+    RunnerStats,
     agl_server_spec,
     existing_tool_env,
     start_agl_server,
 )
+from agl_types import ModelRegistration, Rollout, RolloutCreate
 
 pytestmark = pytest.mark.server
 
-_LEGACY_SERVER_PYTHON = Path("/root/.cache/agl/server-venv/bin/python")
 _STUB_TOKENS = [10, 11, 12]
 _STUB_LOGPROBS = [-0.5, -1.0, -1.5]
 
 
 def server_python() -> Path:
     env = existing_tool_env(agl_server_spec())
-    if env is not None:
-        return env.python
-    if _LEGACY_SERVER_PYTHON.exists():
-        return _LEGACY_SERVER_PYTHON
-    pytest.skip("no agl-server environment (set AGL_SERVER_PYTHON or run agl-trainer once to provision it)")
+    if env is None:
+        missing_requirement("no agl-server tool environment; run agl-trainer once to provision it")
+    return env.python
 
 
 class _StubModelServer:
@@ -99,77 +101,93 @@ def api(server: AglServer) -> Iterator[AglServerApi]:
 
 
 @pytest.fixture
-def stub(api: AglServerApi, server: AglServer) -> Iterator[_StubModelServer]:
+def client(server: AglServer) -> Iterator[AglClient]:
+    """The trainer's own client of the server, to create rollouts and read what the runner did."""
+    with AglClient(server.url, server.key) as trainer_client:
+        yield trainer_client
+
+
+@pytest.fixture
+def stub(client: AglClient, server: AglServer) -> Iterator[_StubModelServer]:
     upstream = _StubModelServer()
-    api.http.delete("/api/models")
-    api.register_model(server.model_name, upstream.endpoint, version=3)
+    client.register_models(
+        [ModelRegistration(model=server.model_name, endpoint=upstream.endpoint, version=3)]
+    )
     yield upstream
-    api.http.delete("/api/models")
+    client.delete_models()
     upstream.close()
 
 
-def _wait_terminal(api: AglServerApi, rollout_ids: list[str], timeout: float = 60.0) -> list[dict[str, Any]]:
+def _create(client: AglClient, items: list[dict[str, Any]]) -> list[str]:
+    created = client.create_rollouts([RolloutCreate(rollout_id=uuid.uuid4().hex, **item) for item in items])
+    return [rollout.rollout_id for rollout in created]
+
+
+def _wait_terminal(client: AglClient, rollout_ids: list[str], timeout: float = 60.0) -> list[Rollout]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rollouts = [api.get_rollout(rid) for rid in rollout_ids]
-        if all(r["status"]["state"] in ("succeeded", "failed") for r in rollouts):
+        rollouts = [client.get_rollout(rid).rollout for rid in rollout_ids]
+        if all(r.state in ("succeeded", "failed") for r in rollouts):
             return rollouts
         time.sleep(0.1)
     raise AssertionError(f"rollouts {rollout_ids} did not finish within {timeout} s")
 
 
-def _run(api: AglServerApi, agent: Callable[[AgentContext], float], items: list[dict[str, Any]], **kw: Any):
-    with LocalAgentRunner(api, agent, poll_interval=0.05, **kw) as runner:
-        ids = [r["rollout_id"] for r in api.create_rollouts(items)]
-        return _wait_terminal(api, ids), runner.stats
+def _run(
+    api: AglServerApi, client: AglClient, agent: Callable[[AgentContext], float], items: list[dict[str, Any]]
+) -> tuple[list[Rollout], RunnerStats]:
+    with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
+        return _wait_terminal(client, _create(client, items)), runner.stats
 
 
-def test_runner_posts_reward_and_marks_rollout_succeeded(api: AglServerApi) -> None:
-    [rollout], stats = _run(api, lambda _ctx: 0.75, [{"input": {"q": 1}}])
-    assert rollout["status"]["state"] == "succeeded"
-    assert rollout["status"]["last_attempt_id"] == "0"
-    events = api.events(rollout["rollout_id"])
-    assert [(e["event_type"], e["attempt_id"], e["data"]) for e in events] == [
+def test_runner_posts_reward_and_marks_rollout_succeeded(api: AglServerApi, client: AglClient) -> None:
+    [rollout], stats = _run(api, client, lambda _ctx: 0.75, [{"input": {"q": 1}}])
+    assert rollout.state == "succeeded"
+    assert rollout.status.last_attempt_id == "0"
+    events = client.get_events(rollout.rollout_id)
+    assert [(e.event_type, e.attempt_id, e.data) for e in events] == [
         ("reward", "0", {"value": 0.75, "source": "agent"})
     ]
     assert (stats.succeeded, stats.failed) == (1, 0)
 
 
-def test_runner_passes_input_and_is_train_to_agent(api: AglServerApi) -> None:
+def test_runner_passes_input_and_is_train_to_agent(api: AglServerApi, client: AglClient) -> None:
     seen: list[tuple[Any, bool]] = []
 
     def agent(ctx: AgentContext) -> float:
         seen.append((ctx.input, ctx.is_train))
         return 0.0
 
-    _run(api, agent, [{"input": {"q": "val"}, "is_train": False}])
+    _run(api, client, agent, [{"input": {"q": "val"}, "is_train": False}])
     assert seen == [({"q": "val"}, False)]
 
 
-def test_runner_marks_failed_with_error_message_when_agent_raises(api: AglServerApi) -> None:
+def test_runner_marks_failed_with_error_message_when_agent_raises(
+    api: AglServerApi, client: AglClient
+) -> None:
     def agent(_ctx: AgentContext) -> float:
         raise RuntimeError("tool crashed")
 
-    [rollout], stats = _run(api, agent, [{"input": None}])
-    assert rollout["status"]["state"] == "failed"
-    assert rollout["status"]["error_message"] == "RuntimeError: tool crashed"
-    assert api.events(rollout["rollout_id"]) == []
+    [rollout], stats = _run(api, client, agent, [{"input": None}])
+    assert rollout.state == "failed"
+    assert rollout.status.error_message == "RuntimeError: tool crashed"
+    assert client.get_events(rollout.rollout_id) == []
     assert (stats.succeeded, stats.failed) == (0, 1)
 
 
-def test_runner_fails_rollout_when_no_model_is_registered(api: AglServerApi) -> None:
-    api.http.delete("/api/models")
+def test_runner_fails_rollout_when_no_model_is_registered(api: AglServerApi, client: AglClient) -> None:
+    client.delete_models()
 
     def agent(ctx: AgentContext) -> float:
         ctx.model.complete([1, 2], max_tokens=1)
         return 1.0
 
-    [rollout], _ = _run(api, agent, [{"input": None}])
-    assert rollout["status"]["state"] == "failed"
-    assert "503 Service Unavailable" in rollout["status"]["error_message"]
+    [rollout], _ = _run(api, client, agent, [{"input": None}])
+    assert rollout.state == "failed"
+    assert "503 Service Unavailable" in str(rollout.status.error_message)
 
 
-def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi) -> None:
+def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi, client: AglClient) -> None:
     release = threading.Event()
 
     def agent(_ctx: AgentContext) -> float:
@@ -177,28 +195,28 @@ def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi) -> None
         return 1.0
 
     with LocalAgentRunner(api, agent, workers=2, poll_interval=0.05) as runner:
-        ids = [r["rollout_id"] for r in api.create_rollouts([{"input": i} for i in range(5)])]
+        ids = _create(client, [{"input": i} for i in range(5)])
         while len(api.list_rollouts(["running"])) < 2:
             time.sleep(0.05)
         time.sleep(0.5)
-        states = sorted(api.get_rollout(rid)["status"]["state"] for rid in ids)
+        states = sorted(client.get_rollout(rid).rollout.state for rid in ids)
         release.set()
-        finished = _wait_terminal(api, ids)
+        finished = _wait_terminal(client, ids)
     assert states == ["queuing", "queuing", "queuing", "running", "running"]
-    assert [r["status"]["state"] for r in finished] == ["succeeded"] * 5
+    assert [r.state for r in finished] == ["succeeded"] * 5
     assert runner.stats.succeeded == 5
 
 
 def test_toy_agent_turns_extend_prefix_in_recorded_events(
-    api: AglServerApi, stub: _StubModelServer, tmp_path: Path
+    api: AglServerApi, client: AglClient, stub: _StubModelServer, tmp_path: Path
 ) -> None:
     tiny_model = pytest.importorskip("agl_trainer.tiny_model")
     task = DigitToolTask.from_model(tiny_model.build_tiny_model(tmp_path / "m"), max_tokens_per_turn=3)
-    [rollout], _ = _run(api, task, [{"input": {"prompt": "Numbers:"}}])
-    assert rollout["status"]["state"] == "succeeded"
-    triplets = api.events(rollout["rollout_id"], triplet_format=True)
-    assert [e["event_type"] for e in triplets] == ["model_request", "model_request", "reward"]
-    first, second, reward = (e["data"] for e in triplets)
+    [rollout], _ = _run(api, client, task, [{"input": {"prompt": "Numbers:"}}])
+    assert rollout.state == "succeeded"
+    triplets = client.get_events(rollout.rollout_id, triplet=True)
+    assert [e.event_type for e in triplets] == ["model_request", "model_request", "reward"]
+    first, second, reward = (e.data for e in triplets)
     observation = task.encode(task.observation(_STUB_TOKENS))
     assert first["prompt_token_ids"] == task.encode("Numbers:")
     assert second["prompt_token_ids"] == first["prompt_token_ids"] + _STUB_TOKENS + observation
@@ -208,12 +226,14 @@ def test_toy_agent_turns_extend_prefix_in_recorded_events(
     assert reward == {"value": task.reward(_STUB_TOKENS * 2), "source": "agent"}
 
 
-def test_gateway_adds_train_params_to_agent_requests(api: AglServerApi, stub: _StubModelServer) -> None:
+def test_gateway_adds_train_params_to_agent_requests(
+    api: AglServerApi, client: AglClient, stub: _StubModelServer
+) -> None:
     def agent(ctx: AgentContext) -> float:
         ctx.model.complete([5, 6], max_tokens=3)
         return 0.0
 
-    _run(api, agent, [{"input": None, "is_train": True}, {"input": None, "is_train": False}])
+    _run(api, client, agent, [{"input": None, "is_train": True}, {"input": None, "is_train": False}])
     by_mode = {bool(body.get("logprobs")): body for body in stub.requests}
     assert by_mode[True] == {
         "prompt": [5, 6],
@@ -232,23 +252,25 @@ def test_gateway_adds_train_params_to_agent_requests(api: AglServerApi, stub: _S
     }
 
 
-def test_runner_waits_out_a_paused_gateway(api: AglServerApi, stub: _StubModelServer) -> None:
+def test_runner_waits_out_a_paused_gateway(
+    api: AglServerApi, client: AglClient, stub: _StubModelServer
+) -> None:
     def agent(ctx: AgentContext) -> float:
         return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
 
-    api.http.post("/proxy/pause", json={"retry_after_seconds": 1, "reason": "test"}).raise_for_status()
+    client.pause("test", retry_after_seconds=1)
     try:
         with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
-            [created] = api.create_rollouts([{"input": None}])
-            while api.get_rollout(created["rollout_id"])["status"]["state"] != "running":
+            [created] = _create(client, [{"input": None}])
+            while client.get_rollout(created).rollout.state != "running":
                 time.sleep(0.05)
             time.sleep(1.5)
             requests_while_paused = len(stub.requests)
-            api.http.post("/proxy/resume").raise_for_status()
-            [rollout] = _wait_terminal(api, [created["rollout_id"]])
+            client.resume()
+            [rollout] = _wait_terminal(client, [created])
     finally:
-        api.http.post("/proxy/resume")
+        client.resume()
     assert requests_while_paused == 0
-    assert rollout["status"]["state"] == "succeeded"
-    assert api.events(rollout["rollout_id"], triplet_format=True)[-1]["data"]["value"] == 3.0
+    assert rollout.state == "succeeded"
+    assert client.get_events(rollout.rollout_id, triplet=True)[-1].data["value"] == 3.0
     assert runner.stats.succeeded == 1

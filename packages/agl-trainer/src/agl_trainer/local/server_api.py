@@ -28,24 +28,10 @@ class AglServerApi:
             base_url=self.url, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=timeout
         )
 
-    def register_model(self, model: str, endpoint: str, version: int) -> None:
-        """Upsert one inference endpoint (``endpoint`` is the vLLM ``.../v1`` base)."""
-        self._expect(
-            (201,), "POST", "/api/models", json=[{"model": model, "endpoint": endpoint, "version": version}]
-        )
-
-    def create_rollouts(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``POST /api/rollouts`` with a list of RolloutCreate bodies; returns the Rollouts."""
-        return self._expect((201,), "POST", "/api/rollouts", json=list(items)).json()
-
     def list_rollouts(self, states: Sequence[str], limit: int = 500) -> list[dict[str, Any]]:
         """Rollouts whose state is in ``states``, in creation order."""
         params = [("state_in", state) for state in states] + [("limit", str(limit))]
         return self._expect((200,), "GET", "/api/rollouts", params=params).json()
-
-    def get_rollout(self, rollout_id: str) -> dict[str, Any]:
-        """The Rollout object (without the attempts list)."""
-        return self._expect((200,), "GET", f"/api/rollouts/{rollout_id}").json()["rollout"]
 
     def patch_status(self, rollout_id: str, **status: str) -> dict[str, Any] | None:
         """Patch the rollout's status; None when the server refuses the transition (409) or the
@@ -60,11 +46,6 @@ class AglServerApi:
         """Append one event to the rollout's attempt."""
         path = f"/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"
         self._expect((200,), "POST", path, json={"event_type": event_type, "data": dict(data)})
-
-    def events(self, rollout_id: str, triplet_format: bool = False) -> list[dict[str, Any]]:
-        """The events of the rollout's last attempt, raw or in ``format=triplet``."""
-        params = {"format": "triplet"} if triplet_format else {}
-        return self._expect((200,), "GET", f"/api/rollouts/{rollout_id}/events", params=params).json()
 
     def close(self) -> None:
         self.http.close()

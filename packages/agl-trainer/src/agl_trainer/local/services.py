@@ -110,10 +110,6 @@ class AglServer:
     model_name: str
     process: ChildProcess
 
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
-
     def stop(self) -> None:
         self.process.stop()
 
