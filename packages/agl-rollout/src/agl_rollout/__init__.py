@@ -16,7 +16,7 @@ from agl_rollout.hooks import BufferedTraceWriter, HookRunner, RolloutHooks, Tra
 from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
-from agl_rollout.retry import NO_RETRY, RetryPolicy
+from agl_rollout.retry import RetryPolicy
 from agl_rollout.sync_manager import RolloutBatchResult, SyncRolloutManager
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
 
@@ -27,7 +27,6 @@ __all__ = (
     "AglClient",
     "PAUSE_TIMEOUT_S",
     "RetryPolicy",
-    "NO_RETRY",
     "AglServerError",
     "AglHTTPError",
     "AglUnavailableError",

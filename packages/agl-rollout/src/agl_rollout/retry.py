@@ -43,6 +43,4 @@ class RetryPolicy:
             yield base * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
-NO_RETRY = RetryPolicy(max_attempts=1)
-
-__all__ = ("NO_RETRY", "RetryPolicy")
+__all__ = ("RetryPolicy",)
