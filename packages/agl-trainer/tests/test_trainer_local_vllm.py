@@ -1,25 +1,28 @@
 """The local stack with a real CPU vLLM server: multi-turn agents through the gateway, weight push.
 
-Needs the vllm-cpu tool environment (``ensure_tool_env(vllm_cpu_spec())`` or ``AGL_VLLM_PYTHON``);
-skipped when it is absent. Starting vLLM takes one to two minutes on 2 cores.
+Needs the agl-server and vllm-cpu tool environments (``ensure_tool_env``); skipped when they are
+absent, failed under CI. Starting vLLM takes one to two minutes on 2 cores.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from agl_rollout import AglClient
+from agl_testing.requirements import missing_requirement
 from agl_trainer.local import (
     AglServer,
     AglServerApi,
     DigitToolTask,
     LocalAgentRunner,
+    ToolEnvSpec,
     VllmClient,
     VllmServer,
     WeightPushError,
@@ -29,11 +32,12 @@ from agl_trainer.local import (
     start_vllm,
     vllm_cpu_spec,
 )
+from agl_types import ModelRegistration, RolloutCreate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 tiny_model = pytest.importorskip("agl_trainer.tiny_model")
-_LEGACY_SERVER_PYTHON = Path("/root/.cache/agl/server-venv/bin/python")
+_PROBE_TEXT = "Write numbers: 1 2 3"
 
 
 @dataclass
@@ -41,44 +45,61 @@ class Stack:
     server: AglServer
     vllm: VllmServer
     api: AglServerApi
+    trainer_client: AglClient
     client: VllmClient
     task: DigitToolTask
     weights: dict[int, Path]
 
 
-def _python(spec_env: Any, fallback: Path | None, what: str) -> Path:
-    if spec_env is not None:
-        return spec_env.python
-    if fallback is not None and fallback.exists():
-        return fallback
-    pytest.skip(f"no {what} environment; provision it with agl_trainer.local.ensure_tool_env")
+def _python(spec: ToolEnvSpec) -> Path:
+    env = existing_tool_env(spec)
+    if env is None:
+        missing_requirement(
+            f"no {spec.name} tool environment; provision it with agl_trainer.local.ensure_tool_env"
+        )
+    return env.python
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    vllm_python = _python(existing_tool_env(vllm_cpu_spec()), None, "vllm-cpu")
-    server_python = _python(existing_tool_env(agl_server_spec()), _LEGACY_SERVER_PYTHON, "agl-server")
+    vllm_python = _python(vllm_cpu_spec())
+    server_python = _python(agl_server_spec())
     root = tmp_path_factory.mktemp("stack")
     weights = {seed: tiny_model.build_tiny_model(root / f"seed{seed}", seed=seed) for seed in (0, 1)}
     with (
         start_agl_server(server_python, root / "run") as server,
         start_vllm(vllm_python, weights[0], root / "run") as vllm,
         AglServerApi(server.url, server.key) as api,
+        AglClient(server.url, server.key) as trainer_client,
         VllmClient(vllm.url, vllm.served_model_name) as client,
     ):
-        api.register_model(server.model_name, vllm.openai_url, version=0)
+        _register(trainer_client, server, vllm, version=0)
         task = DigitToolTask.from_model(weights[0], max_tokens_per_turn=4)
-        yield Stack(server, vllm, api, client, task, weights)
+        yield Stack(server, vllm, api, trainer_client, client, task, weights)
+
+
+def _register(client: AglClient, server: AglServer, vllm: VllmServer, *, version: int) -> None:
+    client.register_models(
+        [ModelRegistration(model=server.model_name, endpoint=vllm.openai_url, version=version)]
+    )
+
+
+def _serve(stack: Stack, seed: int) -> None:
+    """Make vLLM serve ``weights[seed]`` whatever an earlier test left it serving."""
+    stack.client.reload_weights(stack.weights[seed])
+    stack.client.reset_prefix_cache()
 
 
 def _run_rollouts(stack: Stack, n: int) -> list[str]:
+    client = stack.trainer_client
     with LocalAgentRunner(stack.api, stack.task, workers=2, poll_interval=0.05):
-        ids = [
-            r["rollout_id"] for r in stack.api.create_rollouts([{"input": s} for s in stack.task.samples(n)])
-        ]
+        created = client.create_rollouts(
+            [RolloutCreate(rollout_id=uuid.uuid4().hex, input=s) for s in stack.task.samples(n)]
+        )
+        ids = [rollout.rollout_id for rollout in created]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            states = {stack.api.get_rollout(rid)["status"]["state"] for rid in ids}
+            states = {client.get_rollout(rid).rollout.state for rid in ids}
             if states <= {"succeeded", "failed"}:
                 break
             time.sleep(0.1)
@@ -99,10 +120,10 @@ def _hf_prompt_logprobs(model_path: Path, token_ids: list[int]) -> list[float]:
 def test_agent_turns_through_gateway_continue_each_others_prefix(stack: Stack) -> None:
     ids = _run_rollouts(stack, 2)
     for rollout_id in ids:
-        assert stack.api.get_rollout(rollout_id)["status"]["state"] == "succeeded"
-        events = stack.api.events(rollout_id, triplet_format=True)
-        assert [e["event_type"] for e in events] == ["model_request", "model_request", "reward"]
-        first, second, reward = (e["data"] for e in events)
+        assert stack.trainer_client.get_rollout(rollout_id).rollout.state == "succeeded"
+        events = stack.trainer_client.get_events(rollout_id, triplet=True)
+        assert [e.event_type for e in events] == ["model_request", "model_request", "reward"]
+        first, second, reward = (e.data for e in events)
         assert second["prompt_token_ids"][
             : len(first["prompt_token_ids"]) + len(first["response_token_ids"])
         ] == (first["prompt_token_ids"] + first["response_token_ids"])
@@ -114,7 +135,8 @@ def test_agent_turns_through_gateway_continue_each_others_prefix(stack: Stack) -
 
 
 def test_push_weights_serves_exactly_the_new_weights(stack: Stack) -> None:
-    probe = stack.task.encode("Write numbers: 1 2 3")
+    _serve(stack, 0)
+    probe = stack.task.encode(_PROBE_TEXT)
     before = stack.client.prompt_logprobs(probe)
     expected = _hf_prompt_logprobs(stack.weights[1], probe)
     after = stack.client.push_weights(stack.weights[1], probe, expected_logprobs=expected, atol=1e-4)
@@ -123,23 +145,25 @@ def test_push_weights_serves_exactly_the_new_weights(stack: Stack) -> None:
 
 
 def test_push_of_weights_already_served_is_reported(stack: Stack) -> None:
-    probe = stack.task.encode("Write numbers: 1 2 3")
+    _serve(stack, 1)
+    probe = stack.task.encode(_PROBE_TEXT)
     with pytest.raises(WeightPushError, match="unchanged after reloading"):
         stack.client.push_weights(stack.weights[1], probe)
 
 
 def test_push_of_other_weights_than_expected_is_reported(stack: Stack) -> None:
-    probe = stack.task.encode("Write numbers: 1 2 3")
+    _serve(stack, 1)
+    probe = stack.task.encode(_PROBE_TEXT)
     wrong = _hf_prompt_logprobs(stack.weights[1], probe)
     with pytest.raises(WeightPushError, match="differ from the expected ones"):
         stack.client.push_weights(stack.weights[0], probe, expected_logprobs=wrong)
 
 
 def test_registered_weight_version_reaches_model_request_events(stack: Stack) -> None:
-    stack.api.register_model(stack.server.model_name, stack.vllm.openai_url, version=1)
+    _register(stack.trainer_client, stack.server, stack.vllm, version=1)
     [rollout_id] = _run_rollouts(stack, 1)
-    events = stack.api.events(rollout_id, triplet_format=True)
-    assert [e["data"]["server"]["version"] for e in events if e["event_type"] == "model_request"] == [1, 1]
+    events = stack.trainer_client.get_events(rollout_id, triplet=True)
+    assert [e.data["server"]["version"] for e in events if e.event_type == "model_request"] == [1, 1]
 
 
 def test_stopping_vllm_leaves_no_process_of_its_group(stack: Stack) -> None:
