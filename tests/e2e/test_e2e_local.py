@@ -314,24 +314,32 @@ def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(stack: Stack,
 
 
 class FaultyTask:
-    """The toy task, but every agent of sample 0 crashes and one agent of sample 1 hangs."""
+    """The toy task, but the first agent of sample 0 crashes and the first of sample 1 hangs, each
+    after one model call (so each leaves a model_request event behind)."""
 
     def __init__(self, task: DigitToolTask, release: threading.Event) -> None:
         self.task = task
         self.release = release
-        self._hung = threading.Lock()
+        self.faults = {0: "crash", 1: "hang"}
+        self.rollout_of: dict[str, str] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, context: AgentContext) -> float:
-        index = int(context.input["index"])
-        if index == 0:
-            raise RuntimeError("agent crashed on purpose")
-        if index == 1 and self._hung.acquire(blocking=False):
-            self.release.wait(timeout=120)
-            raise RuntimeError("hung agent released")
-        return self.task(context)
+        with self._lock:
+            fault = self.faults.pop(int(context.input["index"]), None)
+            if fault is not None:
+                self.rollout_of[fault] = context.rollout_id
+        if fault is None:
+            return self.task(context)
+        context.model.complete(self.task.encode(str(context.input["prompt"])), self.task.max_tokens_per_turn)
+        if fault == "hang":
+            self.release.wait(timeout=300)
+        raise RuntimeError(f"agent {fault} on purpose after one model call")
 
 
-def test_crashing_and_hanging_agents_are_counted_and_the_step_completes(stack: Stack, tmp_path: Path) -> None:
+def test_a_crashing_and_a_hanging_agent_are_counted_and_the_step_trains_everything(
+    stack: Stack, tmp_path: Path
+) -> None:
     trainer = _trainer(
         stack,
         tmp_path,
@@ -341,20 +349,30 @@ def test_crashing_and_hanging_agents_are_counted_and_the_step_completes(stack: S
     )
     recorded = _record(trainer)
     release = threading.Event()
-    runner = LocalAgentRunner(
-        AglServerApi(stack.server.url, stack.server.key), FaultyTask(stack.task, release)
-    )
-    with runner:
+    agents = FaultyTask(stack.task, release)
+    with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), agents, workers=8):
         try:
             trainer.fit()
         finally:
             release.set()
+
+    assert _rollouts_on_server(stack) == set(), "rollouts were not deleted after use"
     ((completed,), (metrics,)) = recorded.completed, recorded.metrics
-    assert metrics["training/n_rollouts_failed"] == 4
+    assert metrics["training/n_rollouts_succeeded"] == 14
+    assert metrics["training/n_rollouts_failed"] == 1
     assert metrics["training/n_rollouts_timed_out"] == 1
-    assert len(completed) == 16
-    assert sum(r.timed_out for r in completed) == 1
-    assert sum(r.succeeded for r in completed) == 11
+    by_id = {r.rollout_id: r for r in completed}
+    crashed, hung = by_id[agents.rollout_of["crash"]], by_id[agents.rollout_of["hang"]]
+    assert (crashed.rollout_state, crashed.timed_out, len(crashed.triplets)) == (
+        RolloutState.FAILED,
+        False,
+        1,
+    )
+    assert (hung.rollout_state, hung.timed_out, len(hung.triplets)) == (RolloutState.FAILED, True, 1)
+    batch, _ = recorded.trained_rows(1)
+    assert sorted(batch.non_tensor_batch["rollout_id_list"]) == sorted(by_id), "every rollout is trained on"
+    assert {"actor/pg_loss", "actor/grad_norm"} <= metrics.keys(), "the actor must have been updated"
+    assert trainer.weight_version == 1
     trainer.shutdown()
 
 
