@@ -218,6 +218,63 @@ def test_step_with_no_trainable_rows_is_logged_and_still_validates_and_checkpoin
     assert state["weight_version"] == 0
 
 
+def test_startup_hook_that_raises_is_logged_and_training_goes_on(
+    model_path: Path,
+    fresh_agl_server: AglServerProcess,
+    ray_cluster: None,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hooks_file = tmp_path / "hooks.py"
+    hooks_file.write_text(
+        "from agl_rollout import RolloutHooks\n\n"
+        "class BrokenStartup(RolloutHooks):\n"
+        "    def on_startup(self) -> None:\n"
+        "        raise RuntimeError('startup broke')\n"
+    )
+    with caplog.at_level("ERROR", logger="agl_rollout"):
+        trainer = _trainer(
+            model_path,
+            fresh_agl_server,
+            tmp_path,
+            f"agentlightning.hooks={hooks_file}",
+            "trainer.total_training_steps=1",
+        )
+    assert any("hook=on_startup" in record.getMessage() for record in caplog.records)
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating()):
+        trainer.fit()
+    assert trainer.global_steps == 2  # the one step ran
+
+
+def test_fit_finishes_the_tracker_with_exit_code_1_when_a_step_raises(
+    model_path: Path,
+    fresh_agl_server: AglServerProcess,
+    ray_cluster: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import agl_trainer.trainer as trainer_module
+
+    exit_codes: list[int] = []
+
+    class RecordingTracking(trainer_module.Tracking):
+        def finish(self, exit_code: int = 0) -> None:
+            if not getattr(self, "_finished", False):  # verl's __del__ calls it again, as a no-op
+                exit_codes.append(exit_code)
+            super().finish(exit_code=exit_code)
+
+    monkeypatch.setattr(trainer_module, "Tracking", RecordingTracking)
+    trainer = _trainer(model_path, fresh_agl_server, tmp_path, "trainer.total_training_steps=1")
+
+    def broken_step(timing: dict[str, float]) -> dict[str, Any]:
+        raise RuntimeError("step broke")
+
+    trainer.train_step = broken_step  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="step broke"):
+        trainer.fit()
+    assert exit_codes == [1]
+
+
 def _record_trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
     """Spy on the adapter: the data id of every rollout the trainer builds a training batch from."""
     seen: list[str] = []

@@ -94,8 +94,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.weight_pusher: WeightPusher = weight_pusher or NoWeightPush()
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
         self.hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
-        if self.hooks is not None:
-            self.hooks.on_startup()
         manager_config = RolloutManagerConfig(
             train_rollout_n=int(config.actor_rollout_ref.rollout.n),
             rollout_timeout_seconds=self.settings.rollout_timeout_seconds,
@@ -105,6 +103,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             k8s_job_template_path=self.settings.k8s_job_template_path,
         )
         self.sync_manager = SyncRolloutManager(self.client, manager_config, hooks=self.hooks)
+        self.sync_manager.hooks.startup()
         self.async_manager: AsyncRolloutManager | None = None
         if self.settings.async_enabled:
             self.async_manager = AsyncRolloutManager(
@@ -241,7 +240,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 metrics["training/n_sample_trained"] = 0
                 return metrics
         metrics.update(adapter_metrics)
-        batch = self._cut_batch(built.to_data_proto(), metrics)
+        with marked_timer("cut", timing):
+            batch = self._cut_batch(built.to_data_proto(), metrics)
         if batch is None:
             return metrics
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
@@ -261,13 +261,13 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 batch = batch.union(self.workers.compute_values(batch))
         with marked_timer("adv", timing):
             self._compute_advantages(batch, metrics)
-        if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
-            batch.batch["advantages"] = normalize_advantages_by_rollout(
-                batch.batch["advantages"],
-                batch.batch["response_mask"],
-                batch.non_tensor_batch["rollout_id_list"],
-                num_trained_rows=len(batch),
-            )
+            if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
+                batch.batch["advantages"] = normalize_advantages_by_rollout(
+                    batch.batch["advantages"],
+                    batch.batch["response_mask"],
+                    batch.non_tensor_batch["rollout_id_list"],
+                    num_trained_rows=len(batch),
+                )
         if self.use_critic:
             with marked_timer("update_critic", timing):
                 metrics.update(reduce_metrics(self.workers.update_critic(batch)))
@@ -406,6 +406,15 @@ class AglRayPPOTrainer(RayPPOTrainer):
             default_backend=trainer_cfg.logger,
             config=None,
         )
+        try:
+            self._fit(tracker)
+        except BaseException:
+            tracker.finish(exit_code=1)
+            raise
+        tracker.finish(exit_code=0)
+
+    def _fit(self, tracker: Tracking) -> None:
+        trainer_cfg = self.config.trainer
         self.global_steps = 0
         self._load_checkpoint()
         self.weight_pusher.push(self.workers, self.weight_version)
