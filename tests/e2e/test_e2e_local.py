@@ -48,6 +48,7 @@ from agl_types import CompletedRollout, RolloutState, Triplet  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
 
 ALL_STATES = list(RolloutState)
+ROLLOUT_N = 4  # the demo's actor_rollout_ref.rollout.n
 # vLLM on CPU and verl's FSDP actor on CPU, both float32, were measured to differ by at most 9.5e-7
 # on the tiny model (rollout tokens and the probe alike); 100x that leaves room for reduction-order
 # noise, while a missed reload moves the probe by ~0.8.
@@ -376,32 +377,53 @@ def test_a_crashing_and_a_hanging_agent_are_counted_and_the_step_trains_everythi
     trainer.shutdown()
 
 
-def test_async_mode_carries_a_slow_group_over(stack: Stack, tmp_path: Path) -> None:
-    class SlowFirstGroup:
-        """Every rollout of the sample claimed first takes 20 s longer."""
+class SlowFirstGroup:
+    """The toy task; the agents of the sample claimed first finish only once ``release`` is set."""
 
-        def __init__(self) -> None:
-            self.slow_index: int | None = None
-            self.lock = threading.Lock()
+    def __init__(self, task: DigitToolTask, release: threading.Event) -> None:
+        self.task = task
+        self.release = release
+        self.slow_index: int | None = None
+        self._lock = threading.Lock()
 
-        def __call__(self, context: AgentContext) -> float:
-            with self.lock:
-                if self.slow_index is None:
-                    self.slow_index = int(context.input["index"])
-            if int(context.input["index"]) == self.slow_index:
-                threading.Event().wait(20)
-            return stack.task(context)
+    def __call__(self, context: AgentContext) -> float:
+        index = int(context.input["index"])
+        with self._lock:
+            if self.slow_index is None:
+                self.slow_index = index
+        reward = self.task(context)
+        if index == self.slow_index:
+            self.release.wait(timeout=300)
+        return reward
 
+
+def test_async_mode_carries_a_slow_group_over_and_trains_it_next_step(stack: Stack, tmp_path: Path) -> None:
     trainer = _trainer(
         stack,
         tmp_path,
         "agentlightning.async_rollout.enabled=true",
         "agentlightning.async_rollout.async_train_batch_size=5",
     )
-    recorded = _record(trainer)
-    with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), SlowFirstGroup(), workers=8):
+    first_collected = threading.Event()
+    recorded = _record(trainer, collected=first_collected)
+    agents = SlowFirstGroup(stack.task, first_collected)
+    with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), agents, workers=8):
         trainer.fit()
+        assert trainer.async_manager is not None
+        carried = {rid for group in trainer.async_manager.state.groups for rid in group.pending}
+        # The last step leaves the gateway paused; the carried rollouts' agents would wait out
+        # their pause limit (600 s) before the runner could stop.
+        trainer.client.resume()
+
+    assert _rollouts_on_server(stack) == carried, "every rollout used must be deleted, no carried one"
     first, second = recorded.metrics
-    assert first["training/async/n_new_carry_over_rollouts"] >= 4
-    assert second["training/async/n_prev_carry_over_rollouts"] >= 4
+    assert first["training/async/n_new_carry_over_rollouts"] == ROLLOUT_N
+    assert second["training/async/n_prev_carry_over_rollouts"] == ROLLOUT_N
+    assert second["training/async/trained_group_staleness/max"] == 1
+    step_1, step_2 = recorded.completed
+    slow = [r for r in step_2 if int(r.input["index"]) == agents.slow_index]
+    assert all(int(r.input["index"]) != agents.slow_index for r in step_1)
+    assert [(r.step, {t.weight_version for t in r.triplets}) for r in slow] == [(1, {0})] * ROLLOUT_N
+    fresh = [r for r in step_2 if int(r.input["index"]) != agents.slow_index]
+    assert {t.weight_version for r in fresh for t in r.triplets} == {1}
     trainer.shutdown()
