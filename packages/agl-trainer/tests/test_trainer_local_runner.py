@@ -274,3 +274,26 @@ def test_runner_waits_out_a_paused_gateway(
     assert rollout.state == "succeeded"
     assert client.get_events(rollout.rollout_id, triplet=True)[-1].data["value"] == 3.0
     assert runner.stats.succeeded == 1
+
+
+def test_stopping_runner_fails_an_agent_waiting_on_a_paused_gateway(
+    api: AglServerApi, client: AglClient, stub: _StubModelServer
+) -> None:
+    def agent(ctx: AgentContext) -> float:
+        return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
+
+    client.pause("test", retry_after_seconds=60)
+    try:
+        with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
+            [created] = _create(client, [{"input": None}])
+            while client.get_rollout(created).rollout.state != "running":
+                time.sleep(0.05)
+        [rollout] = _wait_terminal(client, [created])
+    finally:
+        client.resume()
+    assert stub.requests == []
+    assert rollout.state == "failed"
+    assert rollout.status.error_message == (
+        "RunnerStoppedError: the local runner stopped while the gateway was paused"
+    )
+    assert runner.stats.failed == 1

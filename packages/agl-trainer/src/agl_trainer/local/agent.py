@@ -9,7 +9,7 @@ prompt + response exactly and the adapter can merge the turns into one trajector
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -49,15 +49,22 @@ class GatewayModel:
     """The completions endpoint of one rollout, through the gateway.
 
     A paused gateway answers 429 with ``Retry-After``; the call then sleeps that long and retries,
-    for at most ``max_pause_wait`` seconds in total.
+    for at most ``max_pause_wait`` seconds in total, and gives up at once when ``stopping`` is set
+    (the runner is shutting down: a run's last pause is never lifted, so waiting it out only
+    delays the exit).
     """
 
     def __init__(
-        self, http: httpx.Client, base_url: str, max_pause_wait: float = DEFAULT_MAX_PAUSE_WAIT_SECONDS
+        self,
+        http: httpx.Client,
+        base_url: str,
+        max_pause_wait: float = DEFAULT_MAX_PAUSE_WAIT_SECONDS,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.http = http
         self.base_url = base_url
         self.max_pause_wait = max_pause_wait
+        self.stopping = stopping or threading.Event()
 
     def complete(self, prompt_ids: Sequence[int], max_tokens: int, **params: Any) -> Completion:
         """Generate up to ``max_tokens`` tokens after ``prompt_ids``."""
@@ -73,10 +80,15 @@ class GatewayModel:
                     f"the gateway stayed paused for more than max_pause_wait={self.max_pause_wait:.0f} s "
                     f"({response.text[:200]}); raise max_pause_wait or check the trainer"
                 )
-            time.sleep(delay)
+            if self.stopping.wait(delay):
+                raise RunnerStoppedError("the local runner stopped while the gateway was paused")
             waited += delay
         response.raise_for_status()
         return _parse_completion(list(prompt_ids), response.json())
+
+
+class RunnerStoppedError(RuntimeError):
+    """A model call abandoned because the runner that owns the agent is stopping."""
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ class LocalAgentRunner:
         return self
 
     def stop(self, wait: bool = True) -> None:
-        """Stop claiming rollouts; with ``wait`` also let running agents finish."""
+        """Stop claiming rollouts; with ``wait`` also let running agents finish (an agent waiting on
+        a paused gateway gives up at once and its rollout is marked failed)."""
         self._stop.set()
         if self._poller.is_alive():
             self._poller.join()
@@ -113,7 +114,7 @@ class LocalAgentRunner:
                 rollout_id=rollout_id,
                 input=rollout.get("input"),
                 is_train=is_train,
-                model=GatewayModel(self._model_http, base),
+                model=GatewayModel(self._model_http, base, stopping=self._stop),
                 metadata=dict(rollout.get("metadata") or {}),
             )
             try:
