@@ -1,17 +1,27 @@
 """Benchmark of agl-algos' per-step cost: rollout normalisation and the per-rollout-mean loss.
 
 For rows x tokens from 64 x 1k to 1024 x 8k (4 rows per rollout, random response lengths) it times
-``normalize_advantages_by_rollout`` and the loss forward + backward, against, in the same run, verl's
-vanilla token-mean loss on the same tensors and a straightforward per-row Python normalisation.
-Goals: normalisation < 5% of the loss; loss <= 1.1x verl's vanilla loss.
+``normalize_advantages_by_rollout`` (from the ids, and from precomputed ``rollout_codes``) and the loss
+forward + backward, against, in the same run, verl's vanilla token-mean loss on the same tensors and a
+straightforward per-row Python normalisation. Goals: normalisation < 5% of the loss; loss <= 1.1x
+verl's vanilla loss.
 
-    .venv/bin/python benchmarks/bench_algos.py [--quick] [--device cpu|cuda] [--repeats N]
+Timing is autorange-style: each sample repeats a function until it has run >= 5 ms, and the best of
+20 samples (interleaved across functions, so a loaded machine slows all alike) is reported per call.
+Peak memory is per function and per call, above what existed before it: on CUDA
+``max_memory_allocated``; on CPU, where torch has no allocation counter, the resident set's
+high-water mark (VmHWM, reset through /proc/self/clear_refs) over one call, less the resident set
+before it, with every allocation >= 128 KiB its own mmap (Linux and glibc only; smaller allocations
+reused from malloc's free lists are not counted).
+
+    .venv/bin/python benchmarks/bench_algos.py [--quick] [--device cpu|cuda] [--samples N]
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import ctypes
+import ctypes.util
 import time
 from collections.abc import Callable
 from typing import Any
@@ -56,27 +66,79 @@ def make_inputs(n_rows: int, n_tokens: int, device: torch.device) -> dict[str, A
     }
 
 
-def timed(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
-    """Best (minimum) seconds of each function over ``repeats`` rounds after one warm-up round.
+MIN_SAMPLE_SECONDS = 5e-3
 
-    The functions run interleaved, round after round, so load from other processes on a shared machine
-    hits all of them alike; the minimum is the least noisy estimate of the intrinsic cost.
-    """
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
-    best = dict.fromkeys(fns, float("inf"))
-    for round_index in range(repeats + 1):
-        for name, fn in fns.items():
-            sync()
-            start = time.perf_counter()
+
+def _calls_per_sample(fn: Callable[[], object], device: torch.device) -> int:
+    """Smallest power of two of calls that runs >= 5 ms (one warm-up call first)."""
+    fn()
+    number = 1
+    while True:
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(number):
             fn()
-            sync()
-            if round_index:
-                best[name] = min(best[name], time.perf_counter() - start)
+        _sync(device)
+        if time.perf_counter() - start >= MIN_SAMPLE_SECONDS:
+            return number
+        number *= 2
+
+
+def timed(fns: dict[str, Callable[[], object]], device: torch.device, samples: int) -> dict[str, float]:
+    """Best seconds per call of each function over ``samples`` interleaved samples of >= 5 ms."""
+    numbers = {name: _calls_per_sample(fn, device) for name, fn in fns.items()}
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(samples):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(numbers[name]):
+                fn()
+            _sync(device)
+            best[name] = min(best[name], (time.perf_counter() - start) / numbers[name])
     return best
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field))
+
+
+def _mmap_threshold(n_bytes: int) -> None:
+    """Serve every allocation of >= ``n_bytes`` with its own mmap, returned to the OS on free.
+
+    glibc otherwise raises the threshold after a large free and keeps freed tensors in its heap, where a
+    later call reuses them and the resident set no longer shows what it allocates. A threshold this
+    low makes allocation slower, so it is set only while memory is measured.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    m_mmap_threshold = -3
+    libc.mallopt(m_mmap_threshold, n_bytes)
+    libc.malloc_trim(0)
+
+
+def peak_mib(fn: Callable[[], object], device: torch.device) -> float:
+    """Peak memory one call of ``fn`` adds, in MiB (see the module docstring for how)."""
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        _sync(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    _mmap_threshold(128 * 1024)
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # resets VmHWM to the current resident set
+    before = _rss_kib("VmRSS:")
+    fn()
+    grown_kib = _rss_kib("VmHWM:") - before
+    _mmap_threshold(32 * 2**20)  # the cap glibc's own adjustment stops at, for the next timings
+    return grown_kib / 1024
 
 
 def loss_step(
@@ -102,23 +164,28 @@ def vanilla_loss() -> tuple[Callable[..., Any] | None, Any]:
     return get_policy_loss_fn("vanilla"), config
 
 
-def peak_memory_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+GOAL_NORM_OVER_LOSS = 0.05
+GOAL_LOSS_OVER_VERL = 1.1
+HEADER = (
+    f"{'rows x tokens':>14} {'norm ms':>8} {'codes ms':>8} {'loop ms':>8} {'loss ms':>8} {'verl ms':>8} "
+    f"{'norm/loss':>9} {'<5%':>4} {'loss/verl':>9} {'<=1.1':>5} {'loop/norm':>9} "
+    f"{'MiB norm':>8} {'loss':>6} {'verl':>6}"
+)
 
 
 def run_size(
-    n_rows: int, n_tokens: int, device: torch.device, repeats: int, vanilla: Any, vanilla_config: Any
+    n_rows: int, n_tokens: int, device: torch.device, samples: int, vanilla: Any, vanilla_config: Any
 ) -> str:
-    """Time one size; returns its table line."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    """Time one size and measure each function's peak memory; returns its table line."""
     inputs = make_inputs(n_rows, n_tokens, device)
     ids, adv, mask = inputs["rollout_ids"], inputs["advantages"], inputs["mask"]
+    codes = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
     normalized = normalize_advantages_by_rollout(adv, mask, ids, num_trained_rows=n_rows)
     fns: dict[str, Callable[[], object]] = {
         "norm": lambda: normalize_advantages_by_rollout(adv, mask, ids, num_trained_rows=n_rows),
+        "codes": lambda: normalize_advantages_by_rollout(
+            adv, mask, ids, num_trained_rows=n_rows, rollout_codes=codes
+        ),
         "loop": lambda: per_row_normalize(adv, mask, ids, n_rows),
         "ours": loss_step(
             compute_policy_loss_per_rollout_mean, {**inputs, "advantages": normalized}, PolicyLossConfig()
@@ -126,12 +193,18 @@ def run_size(
     }
     if vanilla is not None:
         fns["verl"] = loss_step(vanilla, {**inputs, "advantages": normalized}, vanilla_config)
-    best = timed(fns, device, repeats)
-    norm, loop, ours, theirs = best["norm"], best["loop"], best["ours"], best.get("verl", float("nan"))
+    best = timed(fns, device, samples)
+    peak = {name: peak_mib(fns[name], device) for name in ("norm", "ours", "verl") if name in fns}
+    norm, ours, theirs = best["norm"], best["ours"], best.get("verl", float("nan"))
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "FAIL"
+
     return (
-        f"{f'{n_rows} x {n_tokens}':>14} {norm * 1e3:9.2f} {loop * 1e3:9.2f} {ours * 1e3:9.2f} {theirs * 1e3:9.2f} "
-        f"{norm / ours:10.3f} {ours / theirs:10.3f} {loop / norm:10.1f} {peak_memory_mib(device):9.0f} "
-        f"{'cuda alloc' if device.type == 'cuda' else 'proc RSS':>10}"
+        f"{f'{n_rows} x {n_tokens}':>14} {norm * 1e3:8.3f} {best['codes'] * 1e3:8.3f} {best['loop'] * 1e3:8.3f} "
+        f"{ours * 1e3:8.2f} {theirs * 1e3:8.2f} {norm / ours:9.3f} {verdict(norm / ours < GOAL_NORM_OVER_LOSS):>4} "
+        f"{ours / theirs:9.3f} {verdict(ours / theirs <= GOAL_LOSS_OVER_VERL):>5} {best['loop'] / norm:9.1f} "
+        f"{peak['norm']:8.1f} {peak['ours']:6.0f} {peak.get('verl', float('nan')):6.0f}"
     )
 
 
@@ -141,7 +214,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=20, help="timed samples per function (best is kept)")
     args = parser.parse_args()
     device = torch.device(args.device)
     vanilla, vanilla_config = vanilla_loss()
@@ -150,12 +223,9 @@ def main() -> None:
     )
     if vanilla is None:
         print("verl not installed: the vanilla-loss column is skipped")
-    print(
-        f"{'rows x tokens':>14} {'norm ms':>9} {'loop ms':>9} {'loss ms':>9} {'verl ms':>9} {'norm/loss':>10} "
-        f"{'loss/verl':>10} {'loop/norm':>10} {'peak MiB':>9} {'peak kind':>10}"
-    )
+    print(HEADER)
     for n_rows, n_tokens in QUICK_SIZES if args.quick else FULL_SIZES:
-        print(run_size(n_rows, n_tokens, device, args.repeats, vanilla, vanilla_config), flush=True)
+        print(run_size(n_rows, n_tokens, device, args.samples, vanilla, vanilla_config), flush=True)
 
 
 if __name__ == "__main__":
