@@ -38,11 +38,16 @@ def test_no_arguments_ask_for_nothing() -> None:
     assert parse_args([]) == CliArgs(task=None, overrides=())
 
 
+def test_task_upper_selects_the_capitals_task() -> None:
+    assert parse_args(["task=upper"]) == CliArgs(task="upper", overrides=())
+
+
 def test_unknown_task_fails_listing_the_known_tasks(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["task=chess"])
     assert exit_info.value.code == 2
-    assert "argument --task: invalid choice: 'chess' (choose from 'digits')" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --task: invalid choice: 'chess' (choose from 'digits', 'upper')" in err
 
 
 def test_unknown_level_fails_listing_the_levels(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,7 +80,8 @@ def test_help_documents_the_shortcuts_and_the_production_run(capsys: pytest.Capt
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
     for expected in (
-        "--task {digits}",
+        "--task {digits,upper}",
+        "task=upper steps=10",
         "--level {transition,trajectory}",
         "--async",
         "steps=N",

@@ -1,39 +1,69 @@
-"""The built-in digits-with-a-counting-tool task: token sets, tool text, reward and the agent loop."""
+"""The built-in toy tasks (digits, capitals) with a counting tool: token sets, tool text, reward,
+the agent loop and the registry ``agl-trainer task=NAME`` picks from."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
 
 from agl_trainer.local import AgentContext, Completion, DigitToolTask
-from agl_trainer.local.toy_task import PROMPTS, is_digit_text
+from agl_trainer.local.toy_task import (
+    PROMPTS,
+    TOY_TASKS,
+    UPPER_PROMPTS,
+    TokenShareTask,
+    UpperToolTask,
+    is_digit_text,
+    is_upper_text,
+)
 
 tiny_model = pytest.importorskip("agl_trainer.tiny_model")
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory: pytest.TempPathFactory) -> DigitToolTask:
-    return DigitToolTask.from_model(tiny_model.build_tiny_model(tmp_path_factory.mktemp("tiny") / "m"))
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model.build_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="module")
+def task(model: Path) -> DigitToolTask:
+    return DigitToolTask.from_model(model)
+
+
+@pytest.fixture(scope="module")
+def upper(model: Path) -> UpperToolTask:
+    return UpperToolTask.from_model(model)
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("predicate", "text", "expected"),
     [
-        ("7", True),
-        (" 42", True),
-        ("007", True),
-        ("", False),
-        (" ", False),
-        ("4a", False),
-        ("  4", False),
-        ("٣", False),
+        (is_digit_text, "7", True),
+        (is_digit_text, " 42", True),
+        (is_digit_text, "007", True),
+        (is_digit_text, "4a", False),
+        (is_digit_text, "٣", False),
+        (is_upper_text, "A", True),
+        (is_upper_text, " HI", True),
+        (is_upper_text, "Ab", False),
+        (is_upper_text, "A1", False),
+        (is_upper_text, "É", False),
+        *(
+            (predicate, text, False)
+            for predicate in (is_digit_text, is_upper_text)
+            for text in ("", " ", "  A", "  4")
+        ),
     ],
 )
-def test_is_digit_text(text: str, expected: bool) -> None:
-    assert is_digit_text(text) is expected
+def test_token_text_is_only_the_kinds_characters_after_at_most_one_space(
+    predicate: Callable[[str], bool], text: str, expected: bool
+) -> None:
+    assert predicate(text) is expected
 
 
 def test_digit_ids_are_exactly_the_digit_tokens(task: DigitToolTask) -> None:
@@ -41,28 +71,53 @@ def test_digit_ids_are_exactly_the_digit_tokens(task: DigitToolTask) -> None:
     expected = {
         i for i in range(vocab) if is_digit_text(task.tokenizer.decode([i], skip_special_tokens=False))
     }
-    assert task.digit_ids == expected
+    assert task.digit_ids == expected == task.target_ids
     assert {task.encode(str(d))[0] for d in range(10)} <= task.digit_ids
 
 
+def test_tiny_model_has_as_many_capital_tokens_as_digit_tokens(
+    task: DigitToolTask, upper: UpperToolTask
+) -> None:
+    # A random policy's reward is about targets / vocab, so both tasks start from the same ~5.6 %.
+    assert task.tokenizer.get_vocab_size(with_added_tokens=True) == 492
+    assert (len(task.digit_ids), len(upper.target_ids)) == (27, 28)
+    capitals = {upper.tokenizer.decode([i]) for i in upper.target_ids}
+    assert capitals == {*"ABCDEFGHIJKLMNOPQRSTUVWXYZ", " H", " I"}
+
+
 def test_reward_is_share_of_digit_tokens(task: DigitToolTask) -> None:
-    digit = min(task.digit_ids)
-    other = next(i for i in range(100) if i not in task.digit_ids)
+    [digit], [other] = task.encode("7"), task.encode("x")
     assert task.reward([digit, other, other, other]) == 0.25
     assert task.reward([digit, digit]) == 1.0
     assert task.reward([]) == 0.0
 
 
+def test_reward_is_share_of_capital_tokens(upper: UpperToolTask) -> None:
+    [capital], [space_capital], [lower], [digit] = (upper.encode(t) for t in ("Q", " H", "x", "7"))
+    assert upper.reward([capital, lower, digit, space_capital]) == 0.5
+    assert upper.reward([lower, digit]) == 0.0
+
+
 def test_observation_counts_digit_tokens(task: DigitToolTask) -> None:
-    digit = min(task.digit_ids)
-    other = next(i for i in range(100) if i not in task.digit_ids)
+    [digit], [other] = task.encode("7"), task.encode("x")
     assert task.observation([digit, other, digit]) == "\n[tool] 2 digits\n"
 
 
-def test_samples_cycle_through_prompts(task: DigitToolTask) -> None:
-    samples = task.samples(len(PROMPTS) + 1)
-    assert samples[0] == {"prompt": PROMPTS[0], "index": 0}
-    assert samples[-1] == {"prompt": PROMPTS[0], "index": len(PROMPTS)}
+def test_observation_counts_capital_tokens(upper: UpperToolTask) -> None:
+    [capital], [lower] = upper.encode("Q"), upper.encode("x")
+    assert upper.observation([capital, lower, capital, capital]) == "\n[tool] 3 capitals\n"
+
+
+@pytest.mark.parametrize(("name", "prompts"), [("digits", PROMPTS), ("upper", UPPER_PROMPTS)])
+def test_samples_cycle_through_the_tasks_prompts(model: Path, name: str, prompts: tuple[str, ...]) -> None:
+    samples = TOY_TASKS[name](model).samples(len(prompts) + 1)
+    assert samples[0] == {"prompt": prompts[0], "index": 0}
+    assert samples[-1] == {"prompt": prompts[0], "index": len(prompts)}
+
+
+def test_registry_builds_each_named_task(model: Path) -> None:
+    built = {name: type(build(model)) for name, build in TOY_TASKS.items()}
+    assert built == {"digits": DigitToolTask, "upper": UpperToolTask}
 
 
 class _ScriptedModel:
@@ -81,8 +136,7 @@ class _ScriptedModel:
 
 
 def test_agent_extends_prompt_with_response_and_tool_observation(task: DigitToolTask) -> None:
-    digit = min(task.digit_ids)
-    other = next(i for i in range(100) if i not in task.digit_ids)
+    [digit], [other] = task.encode("7"), task.encode("x")
     model = _ScriptedModel([[digit, other], [digit, digit]])
     context = AgentContext(rollout_id="r", input={"prompt": "Numbers:"}, is_train=True, model=model)
     reward = DigitToolTask(task.tokenizer, task.digit_ids, turns=2, max_tokens_per_turn=2)(context)
@@ -94,3 +148,13 @@ def test_agent_extends_prompt_with_response_and_tool_observation(task: DigitTool
 def test_from_model_without_tokenizer_json_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"tokenizer\.json is missing"):
         DigitToolTask.from_model(tmp_path)
+
+
+@pytest.mark.parametrize(("task_class", "label"), [(DigitToolTask, "digits"), (UpperToolTask, "capitals")])
+def test_from_model_with_no_target_tokens_names_the_kind(
+    tmp_path: Path, task_class: type[TokenShareTask], label: str
+) -> None:
+    letters_only = Tokenizer(WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    letters_only.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match=f"has no {label} tokens; the toy task cannot reward anything"):
+        task_class.from_model(tmp_path)

@@ -54,6 +54,7 @@ default always keeps the file logger too, for metrics.jsonl and the plot.
 
 examples:
   agl-trainer steps=5 --async level=transition
+  agl-trainer task=upper steps=10
   agl-trainer trainer.logger=[console,wandb] trainer.project_name=agl-demo
   agl-trainer actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \\
       agentlightning.agl_base_url=http://gateway:8080 \\
@@ -82,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "--task", choices=sorted(TOY_TASKS), help="the embedded default's toy task (default: digits)"
+        "--task",
+        choices=sorted(TOY_TASKS),
+        help="the embedded default's toy task: digits (write digit tokens, the default) or upper (capitals)",
     )
     parser.add_argument("--steps", type=_positive_int, help="training steps (trainer.total_training_steps)")
     parser.add_argument(

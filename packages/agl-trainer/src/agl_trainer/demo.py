@@ -1,9 +1,9 @@
 """The embedded default: ``agl-trainer`` with no arguments trains a tiny model on CPU, for real.
 
 It starts agl-server and a CPU vLLM server (each from its own cached tool environment), builds a
-tiny Qwen2 offline, runs local multi-turn agents for the digit toy task through the gateway, and
-trains with verl's FSDP workers on CPU, pushing weights to vLLM after every step. Every process it
-started is stopped on exit, Ctrl-C or failure.
+tiny Qwen2 offline, runs local multi-turn agents for a toy task (:data:`TOY_TASKS`, digits by
+default) through the gateway, and trains with verl's FSDP workers on CPU, pushing weights to vLLM
+after every step. Every process it started is stopped on exit, Ctrl-C or failure.
 
 With ``trainer.device=cuda`` among the overrides, the same task runs on one GPU through verl's own
 vLLM replicas instead (path 1, :mod:`agl_trainer.replicas`): no CPU vLLM server is started.

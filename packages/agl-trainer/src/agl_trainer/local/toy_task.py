@@ -1,21 +1,24 @@
-"""The built-in task of ``agl-trainer`` with no arguments: write digits, with a counting tool.
+"""The built-in tasks of ``agl-trainer task=NAME``: write one kind of token, with a counting tool.
 
 Each rollout is two model turns with a tool call between them. Turn 1 continues the sample's
-prompt; the tool then counts the digits written so far and its answer (``"\\n[tool] 3 digits\\n"``)
-is appended as an observation; turn 2 continues prompt + turn 1 + observation, so the gateway
-records two ``model_request`` events whose second prompt starts with the first prompt and
-response. The reward is the share of generated tokens that are digit tokens (tokens whose text
-is only ASCII digits, optionally after a space): dense, in [0, 1], about
-``n_digit_tokens / vocab_size`` for a random policy, and learnable by a tiny model in tens of
-GRPO steps because every digit token raises it.
+prompt; the tool then counts the target tokens written so far and its answer
+(``"\\n[tool] 3 digits\\n"``) is appended as an observation; turn 2 continues prompt + turn 1 +
+observation, so the gateway records two ``model_request`` events whose second prompt starts with
+the first prompt and response. The reward is the share of generated tokens that are target
+tokens: dense, in [0, 1], about ``n_target_tokens / vocab_size`` for a random policy, and
+learnable by a tiny model in tens of GRPO steps because every target token raises it.
+
+The tasks differ only in their :class:`TokenKind`: ``digits`` (:class:`DigitToolTask`, tokens of
+ASCII digits, the default) and ``upper`` (:class:`UpperToolTask`, tokens of ASCII capitals).
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from tokenizers import Tokenizer
 
@@ -31,30 +34,63 @@ PROMPTS = (
     "Numbers:",
     "Say some digits:",
 )
-_DIGITS = frozenset("0123456789")
+UPPER_PROMPTS = (
+    "Shout it:",
+    "WRITE IN CAPITALS:",
+    "Caps lock is on:",
+    "Acronyms:",
+    "Say it LOUD:",
+    "Upper case only please:",
+    "Initials:",
+    "Capital letters:",
+)
+
+
+def _only_chars(text: str, chars: str) -> bool:
+    body = text[1:] if text.startswith(" ") else text
+    return bool(body) and all(char in chars for char in body)
 
 
 def is_digit_text(text: str) -> bool:
-    """Whether a token's text is digits only (one leading space allowed)."""
-    body = text[1:] if text.startswith(" ") else text
-    return bool(body) and all(char in _DIGITS for char in body)
+    """Whether a token's text is ASCII digits only (one leading space allowed)."""
+    return _only_chars(text, string.digits)
+
+
+def is_upper_text(text: str) -> bool:
+    """Whether a token's text is uppercase ASCII letters only (one leading space allowed)."""
+    return _only_chars(text, string.ascii_uppercase)
 
 
 @dataclass(frozen=True)
-class DigitToolTask:
-    """The task and its agent (instances are callable as an ``Agent``).
+class TokenKind:
+    """What a task rewards: tokens whose text ``matches``, counted by the tool as ``label``."""
 
-    ``max_tokens_per_turn`` bounds each of the ``turns`` model calls; rewards are shares of the
-    ``turns * max_tokens_per_turn`` (at most) generated tokens.
+    label: str
+    matches: Callable[[str], bool]
+    prompts: tuple[str, ...]
+
+
+DIGITS = TokenKind(label="digits", matches=is_digit_text, prompts=PROMPTS)
+CAPITALS = TokenKind(label="capitals", matches=is_upper_text, prompts=UPPER_PROMPTS)
+
+
+@dataclass(frozen=True)
+class TokenShareTask:
+    """A task and its agent (instances are callable as an ``Agent``); subclasses set ``kind``.
+
+    ``target_ids`` are the tokenizer's tokens of that kind. ``max_tokens_per_turn`` bounds each of
+    the ``turns`` model calls; rewards are shares of the ``turns * max_tokens_per_turn`` (at most)
+    generated tokens.
     """
 
+    kind: ClassVar[TokenKind]
     tokenizer: Tokenizer
-    digit_ids: frozenset[int]
+    target_ids: frozenset[int]
     turns: int = 2
     max_tokens_per_turn: int = 8
 
     @classmethod
-    def from_model(cls, model_path: Path, turns: int = 2, max_tokens_per_turn: int = 8) -> DigitToolTask:
+    def from_model(cls, model_path: Path, turns: int = 2, max_tokens_per_turn: int = 8) -> Self:
         """Build the task for the tokenizer in ``model_path/tokenizer.json``."""
         tokenizer_file = model_path / "tokenizer.json"
         if not tokenizer_file.is_file():
@@ -64,36 +100,38 @@ class DigitToolTask:
         if turns < 1 or max_tokens_per_turn < 1:
             raise ValueError(f"turns={turns} and max_tokens_per_turn={max_tokens_per_turn} must both be >= 1")
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        digit_ids = frozenset(
+        target_ids = frozenset(
             token_id
             for token_id in range(tokenizer.get_vocab_size(with_added_tokens=True))
-            if is_digit_text(tokenizer.decode([token_id], skip_special_tokens=False))
+            if cls.kind.matches(tokenizer.decode([token_id], skip_special_tokens=False))
         )
-        if not digit_ids:
+        if not target_ids:
             raise ValueError(
-                f"the tokenizer in {model_path} has no digit tokens; the toy task cannot reward anything"
+                f"the tokenizer in {model_path} has no {cls.kind.label} tokens; the toy task cannot reward "
+                "anything: pick another task= or a model whose vocabulary has them"
             )
         return cls(
-            tokenizer=tokenizer, digit_ids=digit_ids, turns=turns, max_tokens_per_turn=max_tokens_per_turn
+            tokenizer=tokenizer, target_ids=target_ids, turns=turns, max_tokens_per_turn=max_tokens_per_turn
         )
 
     def samples(self, n: int) -> list[dict[str, Any]]:
-        """``n`` rollout inputs, cycling through the built-in prompts."""
-        return [{"prompt": PROMPTS[index % len(PROMPTS)], "index": index} for index in range(n)]
+        """``n`` rollout inputs, cycling through the kind's prompts."""
+        prompts = self.kind.prompts
+        return [{"prompt": prompts[index % len(prompts)], "index": index} for index in range(n)]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def observation(self, generated: Sequence[int]) -> str:
         """The counting tool's answer after the tokens generated so far."""
-        count = sum(token in self.digit_ids for token in generated)
-        return f"\n[tool] {count} digits\n"
+        count = sum(token in self.target_ids for token in generated)
+        return f"\n[tool] {count} {self.kind.label}\n"
 
     def reward(self, generated: Sequence[int]) -> float:
-        """Share of ``generated`` that are digit tokens; 0.0 for an empty generation."""
+        """Share of ``generated`` that are target tokens; 0.0 for an empty generation."""
         if not generated:
             return 0.0
-        return sum(token in self.digit_ids for token in generated) / len(generated)
+        return sum(token in self.target_ids for token in generated) / len(generated)
 
     def __call__(self, context: AgentContext) -> float:
         """Run one rollout: model, tool, model, ... and return the reward."""
@@ -108,5 +146,24 @@ class DigitToolTask:
         return self.reward(generated)
 
 
-TOY_TASKS: dict[str, Callable[[Path], DigitToolTask]] = {"digits": DigitToolTask.from_model}
+class DigitToolTask(TokenShareTask):
+    """Write digits (``task=digits``): reward = share of digit tokens, the tool counts "digits"."""
+
+    kind = DIGITS
+
+    @property
+    def digit_ids(self) -> frozenset[int]:
+        return self.target_ids
+
+
+class UpperToolTask(TokenShareTask):
+    """Write capitals (``task=upper``): reward = share of capital-letter tokens, the tool counts "capitals"."""
+
+    kind = CAPITALS
+
+
+TOY_TASKS: dict[str, Callable[[Path], TokenShareTask]] = {
+    "digits": DigitToolTask.from_model,
+    "upper": UpperToolTask.from_model,
+}
 """The embedded default's tasks by the name ``agl-trainer task=NAME`` takes; each builds from the model folder."""
