@@ -31,3 +31,13 @@ require_cpu_torch() {
         exit 1
     fi
 }
+
+# set_find_links WHEELS: the array find_links, uv's --find-links for WHEELS and for each of
+# UV_FIND_LINKS' links (a --find-links on uv's command line replaces UV_FIND_LINKS, a
+# comma-separated list, rather than adding to it).
+set_find_links() {
+    local link links
+    find_links=(--find-links "$1")
+    IFS=, read -ra links <<<"${UV_FIND_LINKS:-}"
+    for link in "${links[@]}"; do find_links+=(--find-links "$link"); done
+}
