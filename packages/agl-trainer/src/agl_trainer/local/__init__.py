@@ -39,7 +39,7 @@ from agl_trainer.local.services import (
     vllm_argv,
     vllm_env,
 )
-from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask
+from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask, UpperToolTask
 from agl_trainer.local.vllm_client import VllmClient
 
 __all__ = (
@@ -61,8 +61,10 @@ __all__ = (
     "ProvisionError",
     "RunnerStats",
     "ServerApiError",
+    "TokenShareTask",
     "ToolEnv",
     "ToolEnvSpec",
+    "UpperToolTask",
     "VllmClient",
     "VllmServer",
     "WeightPushError",
