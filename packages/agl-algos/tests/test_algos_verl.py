@@ -135,6 +135,18 @@ def loss_inputs(seed: int) -> tuple[torch.Tensor, ...]:
     return old, new, advantages, mask, torch.rand(6, 10, generator=gen)
 
 
+def assert_loss_equals_vanilla(inputs: tuple[torch.Tensor, ...], config: Any, *, their_mode: str) -> None:
+    """Our loss (its own masked-sum aggregation) equals verl's vanilla loss in ``their_mode``."""
+    old, new, advantages, mask, weights = inputs
+    ours, our_metrics = compute_policy_loss_per_rollout_mean(
+        old, new, advantages, mask, config=config, rollout_is_weights=weights
+    )
+    vanilla = core_algos.get_policy_loss_fn("vanilla")
+    theirs, their_metrics = vanilla(old, new, advantages, mask, their_mode, config, weights)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+
+
 def verl_has_token_sum() -> bool:
     try:
         core_algos.agg_loss(torch.zeros(1, 1), torch.ones(1, 1), "token-sum")
@@ -150,16 +162,9 @@ def test_loss_equals_verl_vanilla_token_mean_over_one_global_token_scaled_by_dp(
 ) -> None:
     # token-mean divides the masked sum by the global token count; with a count of 1 it is the
     # masked sum x dp, our aggregation, in every supported release.
-    old, new, advantages, mask, weights = loss_inputs(seed)
     config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
     config.global_batch_info.update({"dp_size": dp_size, "batch_num_tokens": 1})
-    ours, our_metrics = compute_policy_loss_per_rollout_mean(
-        old, new, advantages, mask, config=config, rollout_is_weights=weights
-    )
-    vanilla = core_algos.get_policy_loss_fn("vanilla")
-    theirs, their_metrics = vanilla(old, new, advantages, mask, "token-mean", config, weights)
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+    assert_loss_equals_vanilla(loss_inputs(seed), config, their_mode="token-mean")
 
 
 @pytest.mark.skipif(not verl_has_token_sum(), reason="verl's agg_loss has token-sum from 0.9")
@@ -168,16 +173,9 @@ def test_loss_equals_verl_vanilla_token_mean_over_one_global_token_scaled_by_dp(
 def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
     seed: int, dp_size: int, low: float, high: float
 ) -> None:
-    old, new, advantages, mask, weights = loss_inputs(seed)
     config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
     config.global_batch_info.update({"dp_size": dp_size})
-    ours, our_metrics = compute_policy_loss_per_rollout_mean(
-        old, new, advantages, mask, "token-sum", config, weights
-    )
-    vanilla = core_algos.get_policy_loss_fn("vanilla")
-    theirs, their_metrics = vanilla(old, new, advantages, mask, "token-sum", config, weights)
-    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+    assert_loss_equals_vanilla(loss_inputs(seed), config, their_mode="token-sum")
 
 
 def data_proto(

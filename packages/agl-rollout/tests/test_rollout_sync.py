@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from agl_rollout import AglClient, RolloutManagerConfig, SyncRolloutManager
+from agl_rollout import AglClient, RolloutBatchResult, RolloutManagerConfig, SyncRolloutManager
 from agl_testing.agents import AgentBehaviour, FakeAgents, Outcome
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_types import RolloutState
@@ -31,6 +32,23 @@ def _rows(n: int) -> list[dict[str, Any]]:
 def _server_rollouts(client: AglClient) -> list[str]:
     states = list(RolloutState)
     return [r.rollout_id for r in client.list_rollouts(states, limit=10_000)]
+
+
+def _wait_train(
+    agl_server: AglServerProcess,
+    n: int,
+    behaviour: AgentBehaviour | Callable[[dict[str, Any]], AgentBehaviour],
+) -> RolloutBatchResult:
+    """Enqueue ``n`` train samples, let fake agents run them with ``behaviour``, wait for all."""
+    with (
+        AglClient(agl_server.url, TEST_KEY) as client,
+        FakeAgents(agl_server.url, behaviour=behaviour) as agents,
+    ):
+        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
+            _rows(n), is_train=True
+        )
+    assert agents.stats.errors == []
+    return result
 
 
 def test_sync_wait_returns_every_rollout_exactly_once_and_leaves_server_empty(
@@ -57,14 +75,7 @@ def test_sync_wait_returns_every_rollout_exactly_once_and_leaves_server_empty(
 
 def test_failed_rollouts_are_returned_with_their_error_and_counted(agl_server: AglServerProcess) -> None:
     behaviour = lambda r: AgentBehaviour(outcome="failed" if r["input"]["x"] == 0 else "succeeded")  # noqa: E731
-    with (
-        AglClient(agl_server.url, TEST_KEY) as client,
-        FakeAgents(agl_server.url, behaviour=behaviour) as agents,
-    ):
-        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
-            _rows(3), is_train=True
-        )
-    assert agents.stats.errors == []
+    result = _wait_train(agl_server, 3, behaviour)
     failed = [r for r in result.completed if not r.succeeded]
     assert [(r.sample_idx_in_step, r.error_message, r.timed_out) for r in failed] == [
         (0, "fake agent failed on purpose", False)
@@ -109,14 +120,7 @@ def test_malformed_events_are_skipped_and_counted(agl_server: AglServerProcess) 
         reward=1.0,
         malformed=("error_status", "no_response_tokens", "bad_log_probs", "non_numeric_reward"),
     )
-    with (
-        AglClient(agl_server.url, TEST_KEY) as client,
-        FakeAgents(agl_server.url, behaviour=behaviour) as agents,
-    ):
-        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
-            _rows(2), is_train=True
-        )
-    assert agents.stats.errors == []
+    result = _wait_train(agl_server, 2, behaviour)
     assert [len(r.triplets) for r in result.completed] == [2, 2]
     assert [r.final_reward for r in result.completed] == [1.0, 1.0]
     assert result.metrics["training/n_invalid_events"] == 8.0
@@ -148,14 +152,7 @@ def test_rollout_past_its_timeout_is_failed_on_server_returned_timed_out_and_cou
 
 
 def test_running_time_is_recorded_from_the_server_status(agl_server: AglServerProcess) -> None:
-    with (
-        AglClient(agl_server.url, TEST_KEY) as client,
-        FakeAgents(agl_server.url, behaviour=AgentBehaviour(delay_s=0.3)) as agents,
-    ):
-        result = SyncRolloutManager(client, _config()).enqueue_and_wait_until_completed(
-            _rows(3), is_train=True
-        )
-    assert agents.stats.errors == []
+    result = _wait_train(agl_server, 3, AgentBehaviour(delay_s=0.3))
     for r in result.completed:
         assert r.running_at is not None and r.finished_at is not None
         assert r.finished_at - r.running_at >= 0.3
