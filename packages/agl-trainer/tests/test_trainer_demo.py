@@ -36,7 +36,7 @@ def test_file_logger_is_not_added_twice() -> None:
 
 
 def test_unknown_task_is_refused_before_anything_starts() -> None:
-    with pytest.raises(ValueError, match=r"Unsupported task: 'chess'\. Supported: \['digits'\]"):
+    with pytest.raises(ValueError, match=r"Unsupported task: 'chess'\. Supported: \['digits', 'upper'\]"):
         run_embedded_default(task="chess")
 
 
