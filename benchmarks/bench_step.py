@@ -9,8 +9,8 @@ first (which pays one-off warm-up costs):
 - the learning side's own time on the step's critical path: within collection, enqueueing
   (from the start of collection until the rollouts are created) and the tail (from the last
   rollout's end on the server until collection returns: seeing it, fetching its events, deleting
-  it, draining the gateway); then the adapter, the advantage, the batch cut and ``to_data_proto``,
-  the per-rollout normalisation, and whatever else no timer covers;
+  it, draining the gateway); then the adapter, the advantage with the per-rollout normalisation,
+  the batch cut with ``to_data_proto`` (the trainer's own timers), and whatever no timer covers;
 - that share against the goal (under 5% of the step), PASS or FAIL (exit status 1);
 - as an upper bound, the rollout manager's whole busy time in collection (collection minus the
   main thread's sleeps while it waits for agents): most of it overlaps generation, but on 2 cores
@@ -34,11 +34,11 @@ from typing import Any
 
 GOAL = 0.05
 TRAINING_PHASES = ("old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights")
-TIMED_PHASES = ("gen", "adapter", "adv", *TRAINING_PHASES)
+TIMED_PHASES = ("gen", "adapter", "cut", "adv", *TRAINING_PHASES)
 
 
 class StepTimers:
-    """Seconds per step in the trainer's collection, its sleeps there, the cut and the normalisation."""
+    """Seconds per step in the trainer's collection and its sleeps there (verl-style timers cover the rest)."""
 
     def __init__(self) -> None:
         self.per_step: dict[int, dict[str, float]] = {}
@@ -48,8 +48,6 @@ class StepTimers:
 
     def install(self) -> Callable[[], None]:
         """Wrap the trainer's methods and ``time.sleep``; returns the function that undoes it."""
-        import agl_trainer.trainer as trainer_module
-        from agl_adapter.batch import AdapterBatch
         from agl_rollout import AglClient
         from agl_trainer.trainer import AglRayPPOTrainer
 
@@ -63,9 +61,6 @@ class StepTimers:
         wrap(AglRayPPOTrainer, "train_step", self._step)
         wrap(AglRayPPOTrainer, "collect", self._collect)
         wrap(AglClient, "create_rollouts", self._create_rollouts)
-        wrap(AglRayPPOTrainer, "_cut_batch", lambda f: self._timed("cut", f))
-        wrap(AdapterBatch, "to_data_proto", lambda f: self._timed("to_data_proto", f))
-        wrap(trainer_module, "normalize_advantages_by_rollout", lambda f: self._timed("normalize", f))
         wrap(time, "sleep", self._sleep)
 
         def undo() -> None:
@@ -73,16 +68,6 @@ class StepTimers:
                 setattr(owner, name, original)
 
         return undo
-
-    def _timed(self, bucket: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.current[bucket] += time.perf_counter() - started
-
-        return timed
 
     def _step(self, train_step: Callable[..., Any]) -> Callable[..., Any]:
         def step(trainer: Any, timing: dict[str, float]) -> Any:
@@ -169,16 +154,14 @@ def report(records: list[dict[str, Any]], timers: StepTimers, started: float) ->
         row["manager"] = row.get("collect", 0.0) - row.get("collect_sleep", 0.0)
         row["next_batch"] = row["timing_s/gen"] - row.get("collect", 0.0)
         timed = sum(row.get(f"timing_s/{phase}", 0.0) for phase in TIMED_PHASES)
-        row["untimed"] = row["timing_s/step"] - timed - row["cut"] - row["to_data_proto"] - row["normalize"]
+        row["untimed"] = row["timing_s/step"] - timed
         row["learning"] = (
             row["enqueue"]
             + row["tail"]
             + row["next_batch"]
             + row["timing_s/adapter"]
             + row["timing_s/adv"]
-            + row["cut"]
-            + row["to_data_proto"]
-            + row["normalize"]
+            + row["timing_s/cut"]
             + row["untimed"]
         )
     print("learning side on the critical path:")
@@ -188,10 +171,8 @@ def report(records: list[dict[str, Any]], timers: StepTimers, started: float) ->
         ("    of it, gateway drain", "training/async/proxy_drain_seconds"),
         ("  next train batch (dataloader)", "next_batch"),
         ("  adapter", "timing_s/adapter"),
-        ("  advantage", "timing_s/adv"),
-        ("  batch cut", "cut"),
-        ("  to_data_proto", "to_data_proto"),
-        ("  per-rollout normalisation", "normalize"),
+        ("  advantage + normalisation", "timing_s/adv"),
+        ("  batch cut + to_data_proto", "timing_s/cut"),
         ("  untimed remainder", "untimed"),
     ):
         line(label, _median(rows, key))
