@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from agl_trainer.demo import run_embedded_default, start_message, with_file_logger
+from agl_trainer.demo import _stopped_note, run_embedded_default, start_message, with_file_logger
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.plot import plot_metrics, read_metrics
 
@@ -55,3 +55,10 @@ def test_plot_of_a_metrics_file_is_a_png_of_its_steps(tmp_path: Path) -> None:
     png = plot_metrics(jsonl, tmp_path / "plot.png")
     assert png == tmp_path / "plot.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_closing_line_names_rollouts_left_unfinished_by_an_async_run() -> None:
+    assert _stopped_note(0) == ""
+    assert (
+        _stopped_note(4) == ", 4 left unfinished at the end (carried over past the last step, never trained)"
+    )

@@ -148,7 +148,7 @@ def test_runner_posts_reward_and_marks_rollout_succeeded(api: AglServerApi, clie
     assert [(e.event_type, e.attempt_id, e.data) for e in events] == [
         ("reward", "0", {"value": 0.75, "source": "agent"})
     ]
-    assert (stats.succeeded, stats.failed) == (1, 0)
+    assert (stats.succeeded, stats.failed, stats.stopped) == (1, 0, 0)
 
 
 def test_runner_passes_input_and_is_train_to_agent(api: AglServerApi, client: AglClient) -> None:
@@ -172,7 +172,7 @@ def test_runner_marks_failed_with_error_message_when_agent_raises(
     assert rollout.state == "failed"
     assert rollout.status.error_message == "RuntimeError: tool crashed"
     assert client.get_events(rollout.rollout_id) == []
-    assert (stats.succeeded, stats.failed) == (0, 1)
+    assert (stats.succeeded, stats.failed, stats.stopped) == (0, 1, 0)
 
 
 def test_runner_fails_rollout_when_no_model_is_registered(api: AglServerApi, client: AglClient) -> None:
@@ -296,4 +296,4 @@ def test_stopping_runner_fails_an_agent_waiting_on_a_paused_gateway(
     assert rollout.status.error_message == (
         "RunnerStoppedError: the local runner stopped while the gateway was paused"
     )
-    assert runner.stats.failed == 1
+    assert (runner.stats.failed, runner.stats.stopped) == (0, 1)

@@ -105,6 +105,13 @@ class DemoRun:
     agents_failed: int
 
 
+def _stopped_note(stopped: int) -> str:
+    """An async run ends with groups carried over that no step will train; say so when there were."""
+    if not stopped:
+        return ""
+    return f", {stopped} left unfinished at the end (carried over past the last step, never trained)"
+
+
 def start_message(steps: int, run_dir: Path, *, on_gpu: bool) -> str:
     """What the embedded default says before it starts: what runs, for how long, and where."""
     if on_gpu:
@@ -178,7 +185,8 @@ def run_embedded_default(overrides: Sequence[str] = (), *, task: str = "digits")
     png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
     print(
         f"agl-trainer: done. Metrics: {metrics}; plot: {png}\n"
-        f"  Local agents: {agents.stats.succeeded} rollouts succeeded, {agents.stats.failed} failed.",
+        f"  Local agents: {agents.stats.succeeded} rollouts succeeded, {agents.stats.failed} failed"
+        f"{_stopped_note(agents.stats.stopped)}.",
         flush=True,
     )
     return DemoRun(run_dir, metrics, png, agents.stats.succeeded, agents.stats.failed)

@@ -14,11 +14,11 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-from agl_trainer.local.agent import Agent, AgentContext, GatewayModel, proxy_base_url
+from agl_trainer.local.agent import Agent, AgentContext, GatewayModel, RunnerStoppedError, proxy_base_url
 from agl_trainer.local.server_api import AglServerApi
 
 ATTEMPT_ID = "0"
@@ -27,10 +27,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunnerStats:
-    """Counts of finished rollouts since the runner started."""
+    """Counts of finished rollouts since the runner started; ``stopped`` counts those abandoned
+    because the runner stopped while they waited on a paused gateway (also marked failed on the
+    server, but no agent went wrong)."""
 
     succeeded: int = 0
     failed: int = 0
+    stopped: int = 0
 
 
 class LocalAgentRunner:
@@ -121,21 +124,20 @@ class LocalAgentRunner:
                 reward = float(self.agent(context))
                 self.api.post_event(rollout_id, ATTEMPT_ID, "reward", {"value": reward, "source": "agent"})
                 self.api.patch_status(rollout_id, state="succeeded")
-                self._count(succeeded=True)
+                self._count("succeeded")
             except Exception as exc:
-                log.warning("local runner: rollout %s failed: %r", rollout_id, exc)
+                stopped = isinstance(exc, RunnerStoppedError)
+                if not stopped:
+                    log.warning("local runner: rollout %s failed: %r", rollout_id, exc)
                 self.api.patch_status(
                     rollout_id, state="failed", error_message=f"{type(exc).__name__}: {exc}"
                 )
-                self._count(succeeded=False)
+                self._count("stopped" if stopped else "failed")
         except Exception:
             log.exception("local runner: could not report rollout %s to agl-server", rollout_id)
         finally:
             self._slots.release()
 
-    def _count(self, succeeded: bool) -> None:
+    def _count(self, outcome: Literal["succeeded", "failed", "stopped"]) -> None:
         with self._stats_lock:
-            if succeeded:
-                self.stats.succeeded += 1
-            else:
-                self.stats.failed += 1
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
