@@ -66,13 +66,13 @@ def test_token_text_is_only_the_kinds_characters_after_at_most_one_space(
     assert predicate(text) is expected
 
 
-def test_digit_ids_are_exactly_the_digit_tokens(task: DigitToolTask) -> None:
+def test_target_ids_of_the_digit_task_are_exactly_the_digit_tokens(task: DigitToolTask) -> None:
     vocab = task.tokenizer.get_vocab_size(with_added_tokens=True)
     expected = {
         i for i in range(vocab) if is_digit_text(task.tokenizer.decode([i], skip_special_tokens=False))
     }
-    assert task.digit_ids == expected == task.target_ids
-    assert {task.encode(str(d))[0] for d in range(10)} <= task.digit_ids
+    assert task.target_ids == expected
+    assert {task.encode(str(d))[0] for d in range(10)} <= task.target_ids
 
 
 def test_tiny_model_has_as_many_capital_tokens_as_digit_tokens(
@@ -80,7 +80,7 @@ def test_tiny_model_has_as_many_capital_tokens_as_digit_tokens(
 ) -> None:
     # A random policy's reward is about targets / vocab, so both tasks start from the same ~5.6 %.
     assert task.tokenizer.get_vocab_size(with_added_tokens=True) == 492
-    assert (len(task.digit_ids), len(upper.target_ids)) == (27, 28)
+    assert (len(task.target_ids), len(upper.target_ids)) == (27, 28)
     capitals = {upper.tokenizer.decode([i]) for i in upper.target_ids}
     assert capitals == {*"ABCDEFGHIJKLMNOPQRSTUVWXYZ", " H", " I"}
 
@@ -139,7 +139,7 @@ def test_agent_extends_prompt_with_response_and_tool_observation(task: DigitTool
     [digit], [other] = task.encode("7"), task.encode("x")
     model = _ScriptedModel([[digit, other], [digit, digit]])
     context = AgentContext(rollout_id="r", input={"prompt": "Numbers:"}, is_train=True, model=model)
-    reward = DigitToolTask(task.tokenizer, task.digit_ids, turns=2, max_tokens_per_turn=2)(context)
+    reward = DigitToolTask(task.tokenizer, task.target_ids, turns=2, max_tokens_per_turn=2)(context)
     first = task.encode("Numbers:")
     assert model.prompts == [first, [*first, digit, other, *task.encode("\n[tool] 1 digits\n")]]
     assert reward == 0.75

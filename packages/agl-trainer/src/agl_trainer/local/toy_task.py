@@ -151,10 +151,6 @@ class DigitToolTask(TokenShareTask):
 
     kind = DIGITS
 
-    @property
-    def digit_ids(self) -> frozenset[int]:
-        return self.target_ids
-
 
 class UpperToolTask(TokenShareTask):
     """Write capitals (``task=upper``): reward = share of capital-letter tokens, the tool counts "capitals"."""
