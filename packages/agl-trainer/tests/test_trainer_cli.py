@@ -42,36 +42,37 @@ def test_task_upper_selects_the_capitals_task() -> None:
     assert parse_args(["task=upper"]) == CliArgs(task="upper", overrides=())
 
 
-def test_unknown_task_fails_listing_the_known_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+def _usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """What parsing ``argv`` writes to stderr; it must exit with argparse's usage status, 2."""
     with pytest.raises(SystemExit) as exit_info:
-        parse_args(["task=chess"])
+        parse_args(argv)
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_unknown_task_fails_listing_the_known_tasks(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(["task=chess"], capsys)
     assert "argument --task: invalid choice: 'chess' (choose from 'digits', 'upper')" in err
 
 
 def test_unknown_level_fails_listing_the_levels(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["level=episode"])
-    assert "invalid choice: 'episode' (choose from 'transition', 'trajectory')" in capsys.readouterr().err
+    assert "invalid choice: 'episode' (choose from 'transition', 'trajectory')" in _usage_error(
+        ["level=episode"], capsys
+    )
 
 
 def test_steps_below_one_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["steps=0"])
-    assert "argument --steps: must be >= 1, got 0" in capsys.readouterr().err
+    assert "argument --steps: must be >= 1, got 0" in _usage_error(["steps=0"], capsys)
 
 
 def test_sync_and_async_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["--sync", "--async"])
-    assert "argument --async: not allowed with argument --sync" in capsys.readouterr().err
+    assert "argument --async: not allowed with argument --sync" in _usage_error(["--sync", "--async"], capsys)
 
 
 def test_argument_without_equals_sign_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        parse_args(["trainer.total_training_steps"])
-    assert "expected KEY=VALUE overrides, got ['trainer.total_training_steps']" in capsys.readouterr().err
+    assert "expected KEY=VALUE overrides, got ['trainer.total_training_steps']" in _usage_error(
+        ["trainer.total_training_steps"], capsys
+    )
 
 
 def test_help_documents_the_shortcuts_and_the_production_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -252,18 +252,26 @@ def test_gateway_adds_train_params_to_agent_requests(
     }
 
 
+def _one_call_agent(ctx: AgentContext) -> float:
+    """One model call of 3 tokens; the reward is how many came back."""
+    return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
+
+
+def _claim_one_while_paused(client: AglClient) -> str:
+    """Create one rollout and wait until the running runner has claimed it (the gateway is paused)."""
+    [created] = _create(client, [{"input": None}])
+    while client.get_rollout(created).rollout.state != "running":
+        time.sleep(0.05)
+    return created
+
+
 def test_runner_waits_out_a_paused_gateway(
     api: AglServerApi, client: AglClient, stub: _StubModelServer
 ) -> None:
-    def agent(ctx: AgentContext) -> float:
-        return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
-
     client.pause("test", retry_after_seconds=1)
     try:
-        with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
-            [created] = _create(client, [{"input": None}])
-            while client.get_rollout(created).rollout.state != "running":
-                time.sleep(0.05)
+        with LocalAgentRunner(api, _one_call_agent, poll_interval=0.05) as runner:
+            created = _claim_one_while_paused(client)
             time.sleep(1.5)
             requests_while_paused = len(stub.requests)
             client.resume()
@@ -279,15 +287,10 @@ def test_runner_waits_out_a_paused_gateway(
 def test_stopping_runner_fails_an_agent_waiting_on_a_paused_gateway(
     api: AglServerApi, client: AglClient, stub: _StubModelServer
 ) -> None:
-    def agent(ctx: AgentContext) -> float:
-        return float(len(ctx.model.complete([1], max_tokens=3).token_ids))
-
     client.pause("test", retry_after_seconds=60)
     try:
-        with LocalAgentRunner(api, agent, poll_interval=0.05) as runner:
-            [created] = _create(client, [{"input": None}])
-            while client.get_rollout(created).rollout.state != "running":
-                time.sleep(0.05)
+        with LocalAgentRunner(api, _one_call_agent, poll_interval=0.05) as runner:
+            created = _claim_one_while_paused(client)
         [rollout] = _wait_terminal(client, [created])
     finally:
         client.resume()
