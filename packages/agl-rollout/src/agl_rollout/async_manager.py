@@ -27,9 +27,9 @@ from agl_rollout.errors import AglHTTPError
 from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
-from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
+from agl_rollout.queueing import QueuedBatch, build_requests, enqueue, rollout_request
 from agl_rollout.sync_manager import RolloutBatchResult
-from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration, RolloutCreate, RolloutMetadata
+from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration, RolloutCreate
 
 logger = logging.getLogger("agl_rollout.async")
 
@@ -210,12 +210,8 @@ class AsyncRolloutManager:
             group.pending[new.rollout_id] = new
             enqueued.append(new)
             requests.append(
-                RolloutCreate(
-                    input=new.input,
-                    is_train=True,
-                    config=rollout_config,
-                    metadata=RolloutMetadata(),
-                    rollout_id=new.rollout_id,
+                rollout_request(
+                    new.input, is_train=True, rollout_config=rollout_config, rollout_id=new.rollout_id
                 )
             )
         logger.warning("re-creating %d rollout(s) the server lost since the checkpoint", len(lost))

@@ -27,6 +27,15 @@ class QueuedBatch:
     enqueued: list[EnqueuedRollout]
 
 
+def rollout_request(
+    row: object, *, is_train: bool, rollout_config: RolloutConfig, rollout_id: str | None = None
+) -> RolloutCreate:
+    """The create request of one rollout of ``row`` (its input)."""
+    return RolloutCreate(
+        input=row, is_train=is_train, config=rollout_config, metadata=RolloutMetadata(), rollout_id=rollout_id
+    )
+
+
 def build_requests(
     batch: Batch,
     *,
@@ -46,12 +55,7 @@ def build_requests(
     for sample_idx, row in enumerate(batch_rows(batch)):
         data_id = str(uuid.uuid4())
         for _ in range(rollouts_per_sample):
-            request = RolloutCreate(
-                input=row,
-                is_train=is_train,
-                config=rollout_config,
-                metadata=RolloutMetadata(),
-            )
+            request = rollout_request(row, is_train=is_train, rollout_config=rollout_config)
             request = hooks.on_enqueue(request).model_copy(update={"rollout_id": uuid.uuid4().hex})
             requests.append(request)
             enqueued.append(
@@ -79,4 +83,4 @@ def enqueue(client: AglClient, queued: QueuedBatch) -> None:
     client.create_rollouts(queued.requests)
 
 
-__all__ = ("QueuedBatch", "build_requests", "enqueue")
+__all__ = ("QueuedBatch", "build_requests", "enqueue", "rollout_request")
