@@ -82,7 +82,16 @@ def test_another_format_is_refused_naming_the_supported_ones(tmp_path: Path) -> 
 def test_a_jsonl_line_that_is_no_object_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     path.write_text('{"i": 1}\n[1, 2]\n')
-    with pytest.raises(ValueError, match="has a line that is a list; each line must be a JSON object"):
+    with pytest.raises(
+        ValueError, match=r"has a line that is a list; each line must be a JSON object \(line 2\)"
+    ):
+        load_rows(str(path), key="data.train_files")
+
+
+def test_a_jsonl_line_that_is_no_json_is_refused_naming_key_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"i": 1}\n\n{"i": 2,\n')
+    with pytest.raises(ValueError, match=rf"data\.train_files: {path} line 3 is not valid JSON \(Expecting"):
         load_rows(str(path), key="data.train_files")
 
 

@@ -141,7 +141,8 @@ def load_rows(files: str | Sequence[str], *, key: str) -> list[dict[str, Any]]:
         if not path.is_file():
             raise ValueError(f"{key}: {path} does not exist")
         if path.suffix == ".jsonl":
-            rows += [_json_row(line, path, key) for line in path.read_text().splitlines() if line.strip()]
+            lines = enumerate(path.read_text().splitlines(), start=1)
+            rows += [_json_row(line, path, number, key) for number, line in lines if line.strip()]
         elif path.suffix == ".parquet":
             rows += _parquet_rows(path)
         else:
@@ -151,11 +152,16 @@ def load_rows(files: str | Sequence[str], *, key: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _json_row(line: str, path: Path, key: str) -> dict[str, Any]:
-    row = json.loads(line)
+def _json_row(line: str, path: Path, number: int, key: str) -> dict[str, Any]:
+    """Line ``number`` of the JSONL file ``path`` as a row; ``key``, the file and the line are named in errors."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{key}: {path} line {number} is not valid JSON ({error})") from error
     if not isinstance(row, dict):
         raise ValueError(
-            f"{key}: {path} has a line that is a {type(row).__name__}; each line must be a JSON object"
+            f"{key}: {path} has a line that is a {type(row).__name__}; each line must be a JSON object "
+            f"(line {number})"
         )
     return row  # pyright: ignore[reportUnknownVariableType]  (JSON object)
 
