@@ -140,8 +140,7 @@ def _record(trainer: AglRayPPOTrainer, collected: threading.Event | None = None)
 def _trainer(stack: Stack, out: Path, *extra: str, n_train: int = 16) -> AglRayPPOTrainer:
     # vLLM is shared by the module's tests: serve the initial model again, which the trainer starts from.
     with VllmClient(stack.vllm.url, DEFAULT_SERVED_MODEL) as vllm:
-        vllm.reload_weights(stack.model)
-        vllm.reset_prefix_cache()
+        vllm.serve_weights(stack.model)
     config = compose_config(
         [
             *DEMO_OVERRIDES,

@@ -86,8 +86,7 @@ def _register(client: AglClient, server: AglServer, vllm: VllmServer, *, version
 
 def _serve(stack: Stack, seed: int) -> None:
     """Make vLLM serve ``weights[seed]`` whatever an earlier test left it serving."""
-    stack.client.reload_weights(stack.weights[seed])
-    stack.client.reset_prefix_cache()
+    stack.client.serve_weights(stack.weights[seed])
 
 
 def _run_rollouts(stack: Stack, n: int) -> list[str]:

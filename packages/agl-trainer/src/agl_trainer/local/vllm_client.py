@@ -57,6 +57,11 @@ class VllmClient:
             "pause the gateway and drain in-flight requests before pushing weights"
         )
 
+    def serve_weights(self, weights_path: Path) -> None:
+        """Reload ``weights_path`` and drop the KV cache of the old weights, without checking the result."""
+        self.reload_weights(weights_path)
+        self.reset_prefix_cache()
+
     def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """Log-prob of each prompt token given its prefix, shape ``[len(token_ids) - 1]``."""
         if len(token_ids) < 2:
@@ -92,8 +97,7 @@ class VllmClient:
         differ from the ones served before the push. Returns the served log-probs after the push.
         """
         before = self.prompt_logprobs(probe_ids)
-        self.reload_weights(weights_path)
-        self.reset_prefix_cache()
+        self.serve_weights(weights_path)
         after = self.prompt_logprobs(probe_ids)
         if expected_logprobs is not None:
             worst = max(abs(a - e) for a, e in zip(after, expected_logprobs, strict=True))
