@@ -120,9 +120,15 @@ def test_tensor_keys_dtypes_and_shapes_are_exactly_verl_s() -> None:
         "is_drop_mask": (torch.bool, (1,)),
         "token_level_scores": (torch.float32, (1, 8)),
         "rollout_log_probs": (torch.float32, (1, 8)),
+        "response_weight_versions": (torch.int64, (1, 8)),
     }
     assert all(t.is_contiguous() for t in tensors.values())
-    assert set(batch.non_tensors()) == {"data_id_list", "rollout_id_list"}
+    assert set(batch.non_tensors()) == {
+        "data_id_list",
+        "rollout_id_list",
+        "weight_version_min",
+        "weight_version_max",
+    }
     assert batch.data_id_list.dtype == object
 
 

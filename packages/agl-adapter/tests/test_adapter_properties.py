@@ -71,8 +71,14 @@ def _cases(draw: st.DrawFn) -> _Case:
                 prompt = context + observation
             response = fresh("m", draw(st.integers(0, 5)))
             log_probs = [-0.5 - j for j in range(len(response))] if draw(st.integers(0, 4)) else None
+            version = draw(st.one_of(st.none(), st.integers(0, 3)))
             triplets.append(
-                Triplet(prompt_token_ids=prompt, response_token_ids=response, response_log_probs=log_probs)
+                Triplet(
+                    prompt_token_ids=prompt,
+                    response_token_ids=response,
+                    response_log_probs=log_probs,
+                    metadata={} if version is None else {"server": {"version": version}},
+                )
             )
             if level == "transition":
                 exp.groups.append([(response, True)])
@@ -220,11 +226,13 @@ def _naive(case: _Case) -> dict[str, Any]:
         context: list[int] = []
         for k, t in enumerate(rollout.triplets):
             prompt, response, lps = t.prompt_token_ids, t.response_token_ids, t.response_log_probs
+            version = t.metadata.get("server", {}).get("version", -1)
             if case.level == "trajectory" and k > 0 and prompt[: len(context)] == context:
                 g = groups[-1]
                 obs = prompt[len(context) :]
                 g["resp"] = g["resp"] + obs + response
                 g["mask"] = g["mask"] + [0] * len(obs) + [1] * len(response)
+                g["ver"] = g["ver"] + [version] * (len(obs) + len(response))
                 if g["lp"] is not None:
                     g["lp"] = None if lps is None else g["lp"] + [0.0] * len(obs) + list(lps)
             else:
@@ -234,6 +242,7 @@ def _naive(case: _Case) -> dict[str, Any]:
                         "resp": list(response),
                         "mask": [1] * len(response),
                         "lp": None if lps is None else list(lps),
+                        "ver": [version] * len(response),
                         "turn": k,
                     }
                 )
@@ -251,6 +260,7 @@ def _naive(case: _Case) -> dict[str, Any]:
                     "resp_attn": [1] * len(resp) + [0] * (r - len(resp)),
                     "response_mask": mask + [0] * (r - len(mask)),
                     "lp": None if lp is None else lp + [0.0] * (r - len(lp)),
+                    "ver": g["ver"][:r] + [-1] * (r - len(resp)),
                     "drop": len(g["prompt"]) > p,
                     "scores": [0.0] * (len(resp) - 1) + [reward] + [0.0] * (r - len(resp)),
                     "rollout_id": rollout.rollout_id,
@@ -266,6 +276,7 @@ def _naive(case: _Case) -> dict[str, Any]:
         "response_mask": torch.tensor([row["response_mask"] for row in rows]),
         "is_drop_mask": torch.tensor([row["drop"] for row in rows]),
         "token_level_scores": torch.tensor([row["scores"] for row in rows], dtype=torch.float32),
+        "response_weight_versions": torch.tensor([row["ver"] for row in rows]),
         "rollout_id_list": [row["rollout_id"] for row in rows],
         "turn_index_list": [row["turn"] for row in rows],
     }

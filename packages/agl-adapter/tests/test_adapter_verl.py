@@ -58,9 +58,10 @@ def test_get_train_data_batch_returns_a_consistent_data_proto(level: str) -> Non
         "is_drop_mask",
         "token_level_scores",
         "rollout_log_probs",
+        "response_weight_versions",
     }
     assert set(proto.batch.keys()) == expected_keys
-    non_tensor = {"data_id_list", "rollout_id_list"} | (
+    non_tensor = {"data_id_list", "rollout_id_list", "weight_version_min", "weight_version_max"} | (
         {"turn_index_list"} if level == "transition" else set()
     )
     assert set(proto.non_tensor_batch) == non_tensor

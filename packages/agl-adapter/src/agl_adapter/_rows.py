@@ -22,15 +22,20 @@ IdArray = NDArray[np.int64]
 MaskArray = NDArray[np.int8]
 LogProbArray = NDArray[np.float32]
 
+UNKNOWN_VERSION = -1
+"""The weight version of a model call whose event carries none (and of padding)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One triplet as arrays. ``log_probs`` is None when missing or not one per response token."""
+    """One triplet as arrays. ``log_probs`` is None when missing or not one per response token;
+    ``version`` is the weight version that served the call (``UNKNOWN_VERSION`` when not recorded)."""
 
     index: int
     prompt: IdArray
     response: IdArray
     log_probs: LogProbArray | None
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +51,9 @@ class TrainingRow:
     """One row before padding; all arrays are already cut to the batch widths.
 
     ``prompt``: (prompt_len ≤ P,). ``response``, ``response_mask`` (1 = model token, 0 = observation),
-    ``log_probs`` (0.0 on observations): (response_len ≤ R,). ``turn_index`` is the row's first turn.
+    ``log_probs`` (0.0 on observations), ``versions`` (the weight version that produced each token; an
+    observation carries the version of the call whose prompt it ends): (response_len ≤ R,).
+    ``turn_index`` is the row's first turn.
     """
 
     rollout_id: str
@@ -56,6 +63,7 @@ class TrainingRow:
     response: IdArray
     response_mask: MaskArray
     log_probs: LogProbArray | None
+    versions: IdArray
     reward: float
     is_drop: bool
     response_truncated: bool
@@ -63,6 +71,13 @@ class TrainingRow:
     @property
     def n_trained_tokens(self) -> int:
         return int(np.count_nonzero(self.response_mask))
+
+    def version_span(self) -> tuple[int, int]:
+        """(oldest, newest) weight version of the row's model tokens; ``UNKNOWN_VERSION`` when none is known."""
+        known = self.versions[(self.response_mask != 0) & (self.versions != UNKNOWN_VERSION)]
+        if len(known) == 0:
+            return UNKNOWN_VERSION, UNKNOWN_VERSION
+        return int(known.min()), int(known.max())
 
 
 def _ids(values: Sequence[int], rollout_id: str, turn: int, field: str) -> IdArray:
@@ -104,6 +119,7 @@ def convert_turns(triplets: Sequence[Triplet], rollout_id: str) -> list[Turn]:
                 prompt=_ids(triplet.prompt_token_ids, rollout_id, k, "prompt_token_ids"),
                 response=response,
                 log_probs=_log_probs(triplet.response_log_probs, len(response), rollout_id, k),
+                version=UNKNOWN_VERSION if triplet.weight_version is None else triplet.weight_version,
             )
         )
     return turns
@@ -124,19 +140,21 @@ def observation_after(prompt: IdArray, previous: Turn) -> IdArray | None:
 class Group:
     """Consecutive turns merged into one row: the first turn's prompt, then model and observation pieces."""
 
-    __slots__ = ("is_model", "log_probs", "pieces", "prompt", "turn_index")
+    __slots__ = ("is_model", "log_probs", "pieces", "prompt", "turn_index", "versions")
 
     def __init__(self, turn: Turn) -> None:
         self.turn_index = turn.index
         self.prompt = turn.prompt
         self.pieces: list[IdArray] = [turn.response]
         self.is_model: list[bool] = [True]
+        self.versions: list[int] = [turn.version]
         self.log_probs: list[LogProbArray] | None = None if turn.log_probs is None else [turn.log_probs]
 
     def append(self, observation: IdArray, turn: Turn) -> None:
         """Add a tool observation (trained with mask 0, log-prob 0.0) and the next model response."""
         self.pieces += (observation, turn.response)
         self.is_model += (False, True)
+        self.versions += (turn.version, turn.version)
         if self.log_probs is not None:
             if turn.log_probs is None:
                 self.log_probs = None
@@ -190,7 +208,9 @@ def finish_row(
         prompt = prompt[:max_prompt_length].copy()
     pieces = group.pieces
     response = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-    mask = np.repeat(np.array(group.is_model, dtype=np.int8), [len(piece) for piece in pieces])
+    piece_lengths = [len(piece) for piece in pieces]
+    mask = np.repeat(np.array(group.is_model, dtype=np.int8), piece_lengths)
+    versions = np.repeat(np.array(group.versions, dtype=np.int64), piece_lengths)
     log_probs = None
     if group.log_probs is not None:
         log_probs = group.log_probs[0] if len(group.log_probs) == 1 else np.concatenate(group.log_probs)
@@ -198,6 +218,7 @@ def finish_row(
     if truncated:
         response = response[:max_response_length].copy()
         mask = mask[:max_response_length].copy()
+        versions = versions[:max_response_length].copy()
         log_probs = None if log_probs is None else log_probs[:max_response_length].copy()
     return TrainingRow(
         rollout_id=rollout_id,
@@ -207,6 +228,7 @@ def finish_row(
         response=response,
         response_mask=mask,
         log_probs=log_probs,
+        versions=versions,
         reward=reward,
         is_drop=is_drop,
         response_truncated=truncated,

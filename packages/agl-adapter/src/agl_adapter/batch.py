@@ -11,14 +11,20 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from agl_adapter._rows import TrainingRow
+from agl_adapter._rows import UNKNOWN_VERSION, TrainingRow
 
 if TYPE_CHECKING:
     from verl import DataProto
 
 logger = logging.getLogger("agl_adapter")
 
-_NON_TENSOR_FIELDS = ("data_id_list", "rollout_id_list", "turn_index_list")
+_NON_TENSOR_FIELDS = (
+    "data_id_list",
+    "rollout_id_list",
+    "turn_index_list",
+    "weight_version_min",
+    "weight_version_max",
+)
 
 
 @dataclass(frozen=True)
@@ -29,9 +35,13 @@ class AdapterBatch:
     tokens and tool observations); ``input_ids``, ``attention_mask``, ``position_ids`` (N, P+R) long;
     ``response_mask`` (N, R) long, 1 = model token; ``is_drop_mask`` (N,) bool, prompt overflow;
     ``token_level_scores`` (N, R) float32, the row reward on its last response token;
-    ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs.
+    ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs;
+    ``response_weight_versions`` (N, R) long, the weight version that produced each response token
+    (a row spans several when a push happened between its model calls), -1 in padding and where the
+    gateway recorded none.
     Arrays: ``data_id_list``, ``rollout_id_list`` (N,) object (str); ``turn_index_list`` (N,) int64
-    at transition level, else None.
+    at transition level, else None; ``weight_version_min``, ``weight_version_max`` (N,) int64, the
+    oldest and newest version of the row's model tokens (-1: none known).
     """
 
     prompts: torch.Tensor
@@ -43,9 +53,12 @@ class AdapterBatch:
     is_drop_mask: torch.Tensor
     token_level_scores: torch.Tensor
     rollout_log_probs: torch.Tensor | None
+    response_weight_versions: torch.Tensor
     data_id_list: NDArray[np.object_]
     rollout_id_list: NDArray[np.object_]
     turn_index_list: NDArray[np.int64] | None
+    weight_version_min: NDArray[np.int64]
+    weight_version_max: NDArray[np.int64]
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -103,6 +116,7 @@ def assemble_batch(
     input_ids = np.full((n, p + r), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((n, p + r), dtype=np.int64)
     response_mask = np.zeros((n, r), dtype=np.int64)
+    versions = np.full((n, r), UNKNOWN_VERSION, dtype=np.int64)
     has_log_probs = [row.log_probs is not None for row in rows]
     log_probs = np.zeros((n, r), dtype=np.float32) if all(has_log_probs) else None
     if any(has_log_probs) and log_probs is None:
@@ -120,6 +134,7 @@ def assemble_batch(
         input_ids[i, p : p + n_response] = row.response
         attention_mask[i, start : p + n_response] = 1
         response_mask[i, :n_response] = row.response_mask
+        versions[i, :n_response] = row.versions
         if log_probs is not None and row.log_probs is not None:
             log_probs[i, :n_response] = row.log_probs
     position_ids = np.empty((n, p + r), dtype=np.int64)
@@ -127,6 +142,7 @@ def assemble_batch(
     np.clip(position_ids, 0, (ends - starts - 1)[:, None], out=position_ids)
     scores = np.zeros((n, r), dtype=np.float32)
     scores[np.arange(n), ends - p - 1] = np.array([row.reward for row in rows], dtype=np.float32)
+    spans = np.array([row.version_span() for row in rows], dtype=np.int64).reshape(n, 2)
     return AdapterBatch(
         prompts=torch.from_numpy(input_ids[:, :p].copy()),
         responses=torch.from_numpy(input_ids[:, p:].copy()),
@@ -137,11 +153,14 @@ def assemble_batch(
         is_drop_mask=torch.from_numpy(np.array([row.is_drop for row in rows], dtype=np.bool_)),
         token_level_scores=torch.from_numpy(scores),
         rollout_log_probs=None if log_probs is None else torch.from_numpy(log_probs),
+        response_weight_versions=torch.from_numpy(versions),
         data_id_list=np.array([row.data_id for row in rows], dtype=object),
         rollout_id_list=np.array([row.rollout_id for row in rows], dtype=object),
         turn_index_list=np.array([row.turn_index for row in rows], dtype=np.int64)
         if include_turn_index
         else None,
+        weight_version_min=spans[:, 0].copy(),
+        weight_version_max=spans[:, 1].copy(),
     )
 
 
