@@ -8,6 +8,7 @@ from agl_rollout._tracker import WaitCounts
 from agl_rollout.async_manager import AsyncRolloutManager, AsyncRolloutState, CarriedGroup
 from agl_rollout.batch import Batch, BatchTopUp, batch_len, batch_rows
 from agl_rollout.client import PAUSE_TIMEOUT_S, AglClient
+from agl_rollout.collector import CollectedGroups, CollectorError, GroupCollector
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.convert import as_reward, to_native
 from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError, RolloutsLostError
@@ -17,6 +18,7 @@ from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycl
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
 from agl_rollout.retry import RetryPolicy
+from agl_rollout.staleness import STALE_STRATEGIES, StalenessGate, StaleStrategy, group_age
 from agl_rollout.sync_manager import RolloutBatchResult, SyncRolloutManager
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
 
@@ -39,6 +41,14 @@ __all__ = (
     "CarriedGroup",
     "RolloutBatchResult",
     "WaitCounts",
+    # fully-async collection and the staleness gate
+    "GroupCollector",
+    "CollectedGroups",
+    "CollectorError",
+    "StalenessGate",
+    "StaleStrategy",
+    "STALE_STRATEGIES",
+    "group_age",
     "WaitProgress",
     # queueing and batches
     "Batch",

@@ -55,6 +55,11 @@ class CarriedGroup(BaseModel):
     def n_rollouts(self) -> int:
         return len(self.pending) + len(self.completed)
 
+    def version_span(self) -> tuple[int, int] | None:
+        """(oldest, newest) weight version of the finished members' model calls; ``None`` when none carries one."""
+        known = [t.weight_version for r in self.completed for t in r.triplets if t.weight_version is not None]
+        return (min(known), max(known)) if known else None
+
 
 class AsyncRolloutState(BaseModel):
     """Everything the async manager carries between steps (checkpoint with ``model_dump``)."""
@@ -68,9 +73,8 @@ def _weight_version_span(group: CarriedGroup) -> int | None:
     """How many weight versions produced the group's model calls (1 = one policy); ``None``
     when no triplet of it carries a version (no model call, or a gateway that records none).
     """
-    versions = [t.weight_version for r in group.completed for t in r.triplets]
-    known = [v for v in versions if v is not None]
-    return max(known) - min(known) + 1 if known else None
+    span = group.version_span()
+    return None if span is None else span[1] - span[0] + 1
 
 
 def _mean_max(prefix: str, values: list[int]) -> dict[str, float]:
@@ -147,9 +151,8 @@ class AsyncRolloutManager:
         n_hook_errors_before = self.hooks.n_errors
         if models is not None:
             self.client.register_models(models)
-        n_recreated = self._recreate_lost_after_resume() if self._check_resumed else 0
-        self._check_resumed = False
-        self._enqueue(batch, step)
+        n_recreated = self.recreate_lost_after_resume()
+        self.enqueue(batch, step)
         counts = WaitCounts()
         self._wait_for_complete_groups(counts)
         trained = self._take_complete_groups()
@@ -163,7 +166,8 @@ class AsyncRolloutManager:
         }
         return RolloutBatchResult(completed=completed, metrics=metrics)
 
-    def _enqueue(self, batch: Batch, step: int) -> None:
+    def enqueue(self, batch: Batch, step: int) -> None:
+        """Create ``train_rollout_n`` rollouts per sample of ``batch``, each sample a new group first seen at ``step``."""
         queued = build_requests(
             batch,
             is_train=True,
@@ -182,8 +186,8 @@ class AsyncRolloutManager:
             )
             group.pending[record.rollout_id] = record
 
-    def _recreate_lost_after_resume(self) -> int:
-        """Re-create the pending members of a resumed state that the server no longer has.
+    def recreate_lost_after_resume(self) -> int:
+        """Re-create the pending members of a resumed state that the server no longer has (once per resume).
 
         agl-server keeps its store in memory, so a restart loses every queued rollout: a
         completion log shorter than the checkpointed cursor means all pending members are
@@ -192,6 +196,9 @@ class AsyncRolloutManager:
         group's ``data_id`` and recorded input (``on_enqueue`` already rewrote that input and
         does not run again); finished members are kept. Returns how many were re-created.
         """
+        if not self._check_resumed:
+            return 0
+        self._check_resumed = False
         members = [(group, r) for group in self._groups.values() for r in group.pending.values()]
         total_terminal = self.client.terminal_page(0, limit=1).total_terminal
         if self._tracker.cursor is not None and total_terminal < self._tracker.cursor:
@@ -227,31 +234,83 @@ class AsyncRolloutManager:
             raise
         return True
 
-    def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
+    def poll(self, counts: WaitCounts) -> int:
+        """One sweep: finish the pending members that turned terminal; return how many groups completed."""
         pending = {rid: r for g in self._groups.values() for rid, r in g.pending.items()}
         group_of = {rid: g for g in self._groups.values() for rid in g.pending}
-        n_complete = sum(group.is_complete for group in self._groups.values())
+        newly_complete = 0
+        for rollout in self._tracker.sweep(pending, counts):
+            group = group_of.pop(rollout.rollout_id)
+            del group.pending[rollout.rollout_id]
+            group.completed.append(rollout)
+            if group.is_complete:
+                group.completed_seq = self._next_seq
+                self._next_seq += 1
+                newly_complete += 1
+        return newly_complete
+
+    @property
+    def n_complete(self) -> int:
+        """Complete groups held, waiting to be taken."""
+        return sum(group.is_complete for group in self._groups.values())
+
+    @property
+    def n_pending_rollouts(self) -> int:
+        return sum(len(group.pending) for group in self._groups.values())
+
+    def complete_groups(self) -> list[CarriedGroup]:
+        """The complete groups held, oldest first (the step that enqueued them, then completion order)."""
+        complete = [group for group in self._groups.values() if group.is_complete]
+        complete.sort(key=lambda group: (group.first_step, group.completed_seq or 0))
+        return complete
+
+    def release(self, groups: Sequence[CarriedGroup]) -> None:
+        """Stop holding ``groups`` (taken for training, or dropped by the caller)."""
+        for group in groups:
+            del self._groups[group.data_id]
+
+    def requeue(self, group: CarriedGroup, step: int) -> None:
+        """Replace a complete group by a fresh one of the same sample: ``train_rollout_n`` new rollouts
+        of its recorded input (``on_enqueue`` already rewrote it and does not run again), enqueued at ``step``.
+        """
+        template = group.completed[0]
+        self.release([group])
+        rollout_config = self.config.rollout_config()
+        records = [
+            EnqueuedRollout(
+                rollout_id=uuid.uuid4().hex,
+                data_id=group.data_id,
+                step=step,
+                sample_idx_in_step=template.sample_idx_in_step,
+                enqueue_time=time.time(),
+                input=template.input,
+            )
+            for _ in range(self.config.train_rollout_n)
+        ]
+        requests = [
+            rollout_request(r.input, is_train=True, rollout_config=rollout_config, rollout_id=r.rollout_id)
+            for r in records
+        ]
+        self._tracker.sync_cursor()
+        enqueue(self.client, QueuedBatch(requests=requests, enqueued=records))
+        fresh = CarriedGroup(data_id=group.data_id, first_step=step)
+        fresh.pending.update((r.rollout_id, r) for r in records)
+        self._groups[group.data_id] = fresh
+
+    def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
+        n_complete = self.n_complete
         progress = WaitProgress("async groups", self.train_batch_size, enabled=self.config.progress)
         while n_complete < self.train_batch_size:
-            for rollout in self._tracker.sweep(pending, counts):
-                group = group_of.pop(rollout.rollout_id)
-                del group.pending[rollout.rollout_id]
-                group.completed.append(rollout)
-                if group.is_complete:
-                    group.completed_seq = self._next_seq
-                    self._next_seq += 1
-                    n_complete += 1
+            n_complete += self.poll(counts)
+            pending = {rid: r for g in self._groups.values() for rid, r in g.pending.items()}
             progress.update(min(n_complete, self.train_batch_size), counts, pending)
             if n_complete < self.train_batch_size:
                 time.sleep(self.config.poll_interval_seconds)
         progress.close(self.train_batch_size, counts)
 
     def _take_complete_groups(self) -> list[CarriedGroup]:
-        complete = [group for group in self._groups.values() if group.is_complete]
-        complete.sort(key=lambda group: (group.first_step, group.completed_seq or 0))
-        trained = complete[: self.train_batch_size]
-        for group in trained:
-            del self._groups[group.data_id]
+        trained = self.complete_groups()[: self.train_batch_size]
+        self.release(trained)
         return trained
 
     def _async_metrics(

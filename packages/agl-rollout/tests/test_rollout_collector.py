@@ -1,0 +1,225 @@
+"""The fully-async collector against the real server: overlap, the admission bound, the staleness
+gate (drop and requeue, exact counts), a failing thread, and exact-once resume from its state."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from agl_rollout import (
+    AglClient,
+    AsyncRolloutManager,
+    AsyncRolloutState,
+    CollectorError,
+    GroupCollector,
+    RolloutManagerConfig,
+    StalenessGate,
+)
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_types import RolloutState
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
+
+N = 2
+B = 2
+CONFIG = RolloutManagerConfig(train_rollout_n=N, poll_interval_seconds=0.02, rollout_timeout_seconds=60.0)
+TAKE_TIMEOUT_S = 60.0
+
+
+class Samples:
+    """An endless numbered stream of samples ``{"x": i}``; remembers how many were handed out."""
+
+    def __init__(self) -> None:
+        self._counter: Iterator[int] = itertools.count()
+        self.handed_out: list[int] = []
+
+    def __call__(self, k: int) -> list[dict[str, Any]]:
+        xs = [next(self._counter) for _ in range(k)]
+        self.handed_out += xs
+        return [{"x": x} for x in xs]
+
+
+def _manager(
+    client: AglClient, *, max_groups: int = 8, state: AsyncRolloutState | None = None
+) -> AsyncRolloutManager:
+    return AsyncRolloutManager(
+        client, CONFIG, train_batch_size=B, async_train_batch_size=max_groups, state=state
+    )
+
+
+def _xs(groups: Any) -> list[int]:
+    return sorted({rollout.input["x"] for group in groups for rollout in group.completed})
+
+
+def _n_created(client: AglClient) -> int:
+    """Rollouts the server holds in any state (finished ones are deleted when harvested)."""
+    states = [RolloutState.QUEUING, RolloutState.RUNNING, RolloutState.SUCCEEDED, RolloutState.FAILED]
+    return len(client.list_rollouts(states, limit=1000))
+
+
+def _version_by_x(
+    old: set[int], old_version: int, new_version: int
+) -> Callable[[dict[str, Any]], AgentBehaviour]:
+    return lambda r: AgentBehaviour(weight_version=old_version if r["input"]["x"] in old else new_version)
+
+
+def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglServerProcess) -> None:
+    samples = Samples()
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url),
+        GroupCollector(_manager(client, max_groups=4), samples, StalenessGate(max_staleness=1)) as collector,
+    ):
+        # With K=1, (K + 1) * B groups start before the first step: one step's worth runs ahead.
+        first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+        # While the taken step trains (step_done not yet called) the other B groups complete.
+        with collector._lock:  # pyright: ignore[reportPrivateUsage]  (wait on the collector's own condition)
+            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
+                lambda: collector.manager.n_complete == B, timeout=TAKE_TIMEOUT_S
+            )
+        assert samples.handed_out == [0, 1, 2, 3]  # and no more start: K * B are already held
+        collector.step_done()
+        second = collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
+        # Their calls say version 0 and they train against version 1: one version stale.
+        assert second.metrics["training/async/staleness_max"] == 1.0
+        collector.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
+        assert samples.handed_out == [0, 1, 2, 3, 4, 5]  # published: the next step's B may start
+    assert _xs(first.groups) == [0, 1]
+    assert _xs(second.groups) == [2, 3]
+
+
+def test_bound_zero_starts_no_group_before_the_taken_step_is_published(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    samples = Samples()
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0, 1}, 0, 1)),
+        GroupCollector(_manager(client), samples, StalenessGate(max_staleness=0)) as collector,
+    ):
+        collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+        collector.wait_polls(5, timeout_s=TAKE_TIMEOUT_S)
+        assert samples.handed_out == [0, 1]
+        assert _n_created(client) == 0
+        collector.step_done()
+        collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
+        assert samples.handed_out == [0, 1, 2, 3]
+
+
+def test_over_age_groups_are_dropped_and_counted(fresh_agl_server: AglServerProcess) -> None:
+    samples = Samples()
+    # Sample 0's calls say version 0, the others version 3: at trained version 3 with K=1, sample 0
+    # (age 3) is dropped; samples 1 and 2 (age 0) are trained.
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0}, 0, 3)),
+        GroupCollector(_manager(client, max_groups=3), samples, StalenessGate(max_staleness=1)) as collector,
+    ):
+        with collector._lock:  # pyright: ignore[reportPrivateUsage]
+            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
+                lambda: collector.manager.n_complete == 3, timeout=TAKE_TIMEOUT_S
+            )
+        taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
+    assert _xs(taken.groups) == [1, 2]
+    assert taken.metrics["training/async/dropped_stale"] == 1.0
+    assert taken.metrics["training/async/requeued_stale"] == 0.0
+    assert taken.metrics["training/async/staleness_max"] == 0.0
+
+
+def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    samples = Samples()
+    runs_of_sample_0 = 0
+    lock = threading.Lock()
+
+    def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
+        # Sample 0's first two rollouts (its first group) say version 0, its requeued ones version 3.
+        nonlocal runs_of_sample_0
+        if rollout["input"]["x"] != 0:
+            return AgentBehaviour(weight_version=3)
+        with lock:
+            runs_of_sample_0 += 1
+            return AgentBehaviour(weight_version=0 if runs_of_sample_0 <= N else 3)
+
+    trained: list[int] = []
+    requeued = 0.0
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+        GroupCollector(
+            _manager(client, max_groups=3), samples, StalenessGate(max_staleness=1, strategy="requeue")
+        ) as collector,
+    ):
+        with collector._lock:  # pyright: ignore[reportPrivateUsage]
+            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
+                lambda: collector.manager.n_complete == 3, timeout=TAKE_TIMEOUT_S
+            )
+        while 0 not in trained:
+            taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
+            assert taken.metrics["training/async/dropped_stale"] == 0.0
+            assert taken.metrics["training/async/staleness_max"] == 0.0
+            requeued += taken.metrics["training/async/requeued_stale"]
+            trained += _xs(taken.groups)
+            collector.step_done()
+    assert requeued == 1.0
+    assert runs_of_sample_0 == 2 * N  # its first group, then the requeued one: the same sample again
+    assert len(trained) == len(set(trained))
+
+
+def test_a_failing_collector_thread_fails_take_with_its_cause(fresh_agl_server: AglServerProcess) -> None:
+    def broken(k: int) -> list[dict[str, Any]]:
+        raise ValueError("the dataset is broken")
+
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        GroupCollector(_manager(client), broken, StalenessGate(max_staleness=1)) as collector,
+        pytest.raises(CollectorError, match="the dataset is broken") as raised,
+    ):
+        collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+    assert isinstance(raised.value.__cause__, ValueError)
+
+
+def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    samples = Samples()
+    # Samples 2 and 3 are slow, so they are still running when the first run stops after one step.
+    slow = lambda r: AgentBehaviour(delay_s=1.0 if r["input"]["x"] in (2, 3) else 0.0)  # noqa: E731
+    trained: list[int] = []
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=slow),
+    ):
+        with GroupCollector(
+            _manager(client, max_groups=4), samples, StalenessGate(max_staleness=None)
+        ) as first:
+            trained += _xs(first.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S).groups)
+            first.step_done()
+            first.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
+            state = first.state
+        carried = {r.input["x"] for g in state.groups for r in [*g.pending.values(), *g.completed]}
+        assert {2, 3} <= carried  # the slow samples were still running at the stop
+        assert carried.isdisjoint(trained)
+        resumed = GroupCollector(
+            _manager(client, max_groups=4, state=state),
+            samples,
+            StalenessGate(max_staleness=None),
+            steps_done=1,
+        )
+        deadline = time.monotonic() + TAKE_TIMEOUT_S
+        with resumed:
+            while not carried <= set(trained):
+                assert time.monotonic() < deadline, f"carried samples {carried - set(trained)} never trained"
+                trained += _xs(resumed.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S).groups)
+                resumed.step_done()
+    # The carried groups are trained after the resume; no sample is trained twice or lost.
+    assert carried <= set(trained)
+    assert len(trained) == len(set(trained))
+    assert {0, 1, 2, 3} <= set(trained)
