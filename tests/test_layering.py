@@ -205,3 +205,18 @@ def test_checker_allows_function_bodies_and_type_checking_blocks(tmp_path: Path)
         "class Loss:\n    async def run(self):\n        import verl.trainer\n",
     )
     assert _violations(ALGOS, tmp_path) == []
+
+
+TRAINER_WORKER_MODULES = ("agl_trainer.workers", "agl_trainer._cpu_platform", "agl_trainer.actor_worker")
+"""Within agl_trainer, each of these may import the ones after it, never one before it (no cycle)."""
+
+
+def test_trainer_worker_modules_import_one_way() -> None:
+    src = ROOT / "packages" / "agl-trainer" / "src"
+    backwards: list[str] = []
+    for position, module in enumerate(TRAINER_WORKER_MODULES):
+        path = src / f"{module.replace('.', '/')}.py"
+        for imp in _imports_of(path, src, str(path.relative_to(ROOT))):
+            if imp.module in TRAINER_WORKER_MODULES[:position]:
+                backwards.append(str(imp))
+    assert backwards == []

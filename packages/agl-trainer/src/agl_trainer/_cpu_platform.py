@@ -35,7 +35,7 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, s
 from verl.workers.config import TrainingWorkerConfig
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.workers import AglActorRefWorker
+from agl_trainer.actor_worker import AglActorRefWorker
 
 __all__ = (
     "CPU_MODE_OVERRIDES",

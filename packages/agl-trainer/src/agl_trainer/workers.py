@@ -4,8 +4,8 @@ agl generates with external vLLM servers, so the trainer needs only verl's train
 actor (and ref/critic) workers. Stock ``RayPPOTrainer.init_workers`` also builds verl's own rollout
 replicas, which fails where there is no vLLM (the CPU mode) and is wasted work elsewhere. This
 module builds the same worker groups the way ``init_workers`` does (one colocated Ray actor per
-rank hosting every role), with verl's own worker class, and adds the one worker method the
-external-server weight push needs: :meth:`AglActorRefWorker.save_hf_weights`.
+rank hosting every role), with verl's own worker class plus the methods agl needs
+(:class:`~agl_trainer.actor_worker.AglActorRefWorker`, re-exported here).
 
 It also holds the Ray worker setup hook, :func:`setup_worker_process`, that every Ray worker runs
 before its first task.
@@ -14,7 +14,6 @@ before its first task.
 import importlib
 import importlib.util
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,20 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
-import torch.distributed
 from omegaconf import DictConfig
 from ray.util.placement_group import remove_placement_group
 from tensordict import TensorDict
 from verl import DataProto
-from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 from verl.single_controller.ray.base import create_colocated_worker_cls
-from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import TrainingWorkerConfig
-from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
+from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+from agl_trainer._cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
+from agl_trainer.actor_worker import AglActorRefWorker
 
 __all__ = (
     "WORKER_SETUP_HOOK",
@@ -55,17 +53,9 @@ WORKER_SETUP_HOOK = "agl_trainer.workers.setup_worker_process"
 _ALGOS_REGISTRATION_MODULE = "agl_algos.verl"
 _ALGOS_REGISTRATION_FUNCTION = "register_in_worker"
 
-# verl's Dispatch is a dynamic enum whose members type checkers cannot see.
-_ONE_TO_ALL: Any = Dispatch.ONE_TO_ALL  # pyright: ignore[reportAttributeAccessIssue]
-
-# Files of a Hugging Face model folder copied next to pushed weights (config, tokenizer, template).
-_HF_SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
-
 
 def _enable_cpu_platform_if_selected() -> None:
     if os.environ.get("VERL_PLATFORM") == "cpu":
-        from agl_trainer._cpu_platform import enable_cpu_platform
-
         enable_cpu_platform()
 
 
@@ -112,56 +102,6 @@ def compose_verl_config(overrides: Sequence[str] = ()) -> DictConfig:
 
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
         return compose(config_name="ppo_trainer", overrides=list(overrides))
-
-
-class AglActorRefWorker(ActorRolloutRefWorker):
-    """verl's actor/ref worker plus what agl's external-server path and start-up checks need."""
-
-    @register(dispatch_mode=_ONE_TO_ALL)
-    def save_hf_weights(self, path: str) -> int:
-        """Save the actor's full weights as a Hugging Face folder at ``path``; return the tensor count.
-
-        Every rank takes part in gathering the sharded weights; rank 0 writes
-        ``model.safetensors`` plus the config and tokenizer files of the original model folder, so
-        that vLLM (``reload_weights`` with ``weights_path``) or transformers can load the folder.
-        """
-        if self.actor is None:
-            raise RuntimeError("save_hf_weights needs role 'actor'; this worker has role " + repr(self.role))
-        from safetensors.torch import save_file
-
-        is_writer = torch.distributed.get_rank() == 0
-        per_tensor, _ = self.actor.engine.get_per_tensor_param()
-        state: dict[str, torch.Tensor] = {}
-        for name, tensor in per_tensor:
-            if is_writer:
-                state[name] = tensor.detach().to("cpu").contiguous()
-        count = len(state)
-        if is_writer:
-            target = Path(path)
-            target.mkdir(parents=True, exist_ok=True)
-            _copy_hf_side_files(Path(self.actor.model_config.local_path), target)
-            partial = target / "model.safetensors.partial"
-            save_file(state, str(partial), metadata={"format": "pt"})
-            os.replace(partial, target / "model.safetensors")
-        torch.distributed.barrier()
-        return count
-
-    @register(dispatch_mode=_ONE_TO_ALL)
-    def describe_policy_loss(self) -> str:
-        """``module.qualname`` of the policy-loss function this worker's verl resolves for its config.
-
-        The trainer checks it at start-up: a custom loss mode registered in the driver but not in
-        the workers (a missing setup hook) would otherwise fail only at the first update.
-        """
-        loss_fn = get_policy_loss_fn(self.config.actor.policy_loss.loss_mode)
-        return f"{loss_fn.__module__}.{loss_fn.__qualname__}"
-
-
-def _copy_hf_side_files(source: Path, target: Path) -> None:
-    for item in source.iterdir():
-        is_index = item.name.endswith(".index.json")
-        if item.is_file() and item.suffix in _HF_SIDE_FILE_SUFFIXES and not is_index:
-            shutil.copy2(item, target / item.name)
 
 
 def critic_worker_config(config: DictConfig) -> tuple[TrainingWorkerConfig, Any]:
@@ -339,8 +279,6 @@ def build_policy_workers(
     worker_cls: type[AglActorRefWorker] = AglActorRefWorker
     critic_cls: type[TrainingWorker] = TrainingWorker
     if device == "cpu":
-        from agl_trainer._cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
-
         enable_cpu_platform()
         worker_cls, critic_cls = CpuActorRefWorker, CpuCriticWorker
     if use_reference_policy is None:

@@ -1,0 +1,75 @@
+"""``AglActorRefWorker``: verl's actor/ref worker plus the methods agl's start-up and weight push call.
+
+A module of its own so that imports run one way: :mod:`agl_trainer.workers` (which builds the
+worker groups) imports :mod:`agl_trainer._cpu_platform` (which subclasses this worker for the CPU
+mode), and both import this module.
+"""
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+__all__ = ("AglActorRefWorker",)
+
+# verl's Dispatch is a dynamic enum whose members type checkers cannot see.
+_ONE_TO_ALL: Any = Dispatch.ONE_TO_ALL  # pyright: ignore[reportAttributeAccessIssue]
+
+# Files of a Hugging Face model folder copied next to pushed weights (config, tokenizer, template).
+_HF_SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
+
+
+class AglActorRefWorker(ActorRolloutRefWorker):
+    """verl's actor/ref worker plus what agl's external-server path and start-up checks need."""
+
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def save_hf_weights(self, path: str) -> int:
+        """Save the actor's full weights as a Hugging Face folder at ``path``; return the tensor count.
+
+        Every rank takes part in gathering the sharded weights; rank 0 writes
+        ``model.safetensors`` plus the config and tokenizer files of the original model folder, so
+        that vLLM (``reload_weights`` with ``weights_path``) or transformers can load the folder.
+        """
+        if self.actor is None:
+            raise RuntimeError("save_hf_weights needs role 'actor'; this worker has role " + repr(self.role))
+        from safetensors.torch import save_file
+
+        is_writer = torch.distributed.get_rank() == 0
+        per_tensor, _ = self.actor.engine.get_per_tensor_param()
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in per_tensor:
+            if is_writer:
+                state[name] = tensor.detach().to("cpu").contiguous()
+        count = len(state)
+        if is_writer:
+            target = Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            _copy_hf_side_files(Path(self.actor.model_config.local_path), target)
+            partial = target / "model.safetensors.partial"
+            save_file(state, str(partial), metadata={"format": "pt"})
+            os.replace(partial, target / "model.safetensors")
+        torch.distributed.barrier()
+        return count
+
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def describe_policy_loss(self) -> str:
+        """``module.qualname`` of the policy-loss function this worker's verl resolves for its config.
+
+        The trainer checks it at start-up: a custom loss mode registered in the driver but not in
+        the workers (a missing setup hook) would otherwise fail only at the first update.
+        """
+        loss_fn = get_policy_loss_fn(self.config.actor.policy_loss.loss_mode)
+        return f"{loss_fn.__module__}.{loss_fn.__qualname__}"
+
+
+def _copy_hf_side_files(source: Path, target: Path) -> None:
+    for item in source.iterdir():
+        is_index = item.name.endswith(".index.json")
+        if item.is_file() and item.suffix in _HF_SIDE_FILE_SUFFIXES and not is_index:
+            shutil.copy2(item, target / item.name)

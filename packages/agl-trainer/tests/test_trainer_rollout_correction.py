@@ -1,0 +1,267 @@
+"""Off-policy correction at the old-log-prob step (``agl_trainer.correction``), on real DataProtos.
+
+The hand cases: one row of 3 response tokens plus one padding token, where
+``old_log_probs - rollout_log_probs`` = [0.5, 1.0, -0.3], so the per-token ratios are
+exp(0.5) = 1.6487, exp(1.0) = 2.7183, exp(-0.3) = 0.7408; and a second row with log-ratios
+[0.2, -0.5, 0.1] (ratios 1.2214, 0.6065, 1.1052).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+pytest.importorskip("verl")
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from verl import DataProto
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+from verl.utils.config import omega_conf_to_dataclass
+
+from agl_trainer.correction import (
+    RolloutCorrection,
+    compute_old_log_probs,
+    configure_actor_loss,
+    validate_rollout_correction,
+)
+from agl_trainer.entrypoint import compose_config
+
+pytestmark = pytest.mark.verl
+
+ROLLOUT = [[-1.5, -1.5, -1.0, 0.0], [-1.0, -1.0, -1.0, 0.0]]
+OLD = [[-1.0, -0.5, -1.3, 0.0], [-0.8, -1.5, -0.9, 0.0]]  # minus ROLLOUT: [0.5, 1.0, -0.3], [0.2, -0.5, 0.1]
+MASK = [[1, 1, 1, 0], [1, 1, 1, 0]]
+
+
+def make_batch(*, with_rollout_log_probs: bool = True) -> DataProto:
+    tensors = {"response_mask": torch.tensor(MASK)}
+    if with_rollout_log_probs:
+        tensors["rollout_log_probs"] = torch.tensor(ROLLOUT)
+    return DataProto.from_dict(tensors=tensors)
+
+
+class Recompute:
+    """Stands in for ``PolicyWorkers.compute_log_prob``: returns OLD (and entropys), counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, batch: DataProto) -> DataProto:
+        self.calls += 1
+        return DataProto.from_dict(tensors={"old_log_probs": torch.tensor(OLD), "entropys": torch.ones(2, 4)})
+
+
+def policy_loss(loss_mode: str = "per_rollout_mean") -> DictConfig:
+    return OmegaConf.create({"loss_mode": loss_mode})
+
+
+def test_token_level_is_weights_are_the_ratios_truncated_at_the_threshold() -> None:
+    result = compute_old_log_probs(
+        make_batch(),
+        RolloutCorrection(rollout_is="token", rollout_is_threshold=2.0),
+        recompute=Recompute(),
+        policy_loss=policy_loss(),
+    )
+    # min(ratio, 2.0) per token, 0 on padding: exp(0.5) stays, exp(1.0) = 2.718 is cut to 2.0.
+    expected = [
+        [math.exp(0.5), 2.0, math.exp(-0.3), 0.0],
+        [math.exp(0.2), math.exp(-0.5), math.exp(0.1), 0.0],
+    ]
+    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
+    assert result.batch.batch["response_mask"].tolist() == MASK
+    assert result.recomputed is True
+
+
+def test_sequence_level_is_weight_is_the_product_of_ratios_truncated() -> None:
+    result = compute_old_log_probs(
+        make_batch(),
+        RolloutCorrection(rollout_is="sequence", rollout_is_threshold=2.0),
+        recompute=Recompute(),
+        policy_loss=policy_loss(),
+    )
+    # Row 1: exp(0.5 + 1.0 - 0.3) = exp(1.2) = 3.32, cut to 2.0; row 2: exp(0.2 - 0.5 + 0.1) = exp(-0.2).
+    expected = [[2.0, 2.0, 2.0, 0.0], [math.exp(-0.2)] * 3 + [0.0]]
+    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
+
+
+def test_token_rejection_masks_the_tokens_whose_ratio_leaves_the_bounds() -> None:
+    result = compute_old_log_probs(
+        make_batch(),
+        RolloutCorrection(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"),
+        recompute=Recompute(),
+        policy_loss=policy_loss(),
+    )
+    # Keep 0.5 <= ratio <= 2.0: only exp(1.0) = 2.718 (row 1, token 2) is rejected: 1 of 6 tokens.
+    assert result.batch.batch["response_mask"].tolist() == [[1, 0, 1, 0], [1, 1, 1, 0]]
+    assert "rollout_is_weights" not in result.batch.batch
+    assert result.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
+
+
+def test_sequence_rejection_masks_the_whole_row_whose_ratio_product_leaves_the_bounds() -> None:
+    result = compute_old_log_probs(
+        make_batch(),
+        RolloutCorrection(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0"),
+        recompute=Recompute(),
+        policy_loss=policy_loss(),
+    )
+    # Row 1: exp(1.2) = 3.32 > 2.0, rejected; row 2: exp(-0.2) = 0.82, kept.
+    assert result.batch.batch["response_mask"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]]
+
+
+def test_decoupled_mode_keeps_only_the_recomputed_old_log_probs() -> None:
+    recompute = Recompute()
+    result = compute_old_log_probs(
+        make_batch(), RolloutCorrection(rollout_is="token"), recompute=recompute, policy_loss=policy_loss()
+    )
+    assert recompute.calls == 1
+    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(OLD).tolist()
+    assert "entropys" not in result.batch.batch
+
+
+def test_section_with_nothing_set_gives_metrics_only() -> None:
+    result = compute_old_log_probs(
+        make_batch(), RolloutCorrection(), recompute=Recompute(), policy_loss=policy_loss()
+    )
+    assert "rollout_is_weights" not in result.batch.batch
+    assert result.batch.batch["response_mask"].tolist() == MASK
+    assert result.metrics and all(key.startswith("rollout_corr/") for key in result.metrics)
+
+
+def test_metrics_only_is_skipped_without_rollout_log_probs() -> None:
+    batch = make_batch(with_rollout_log_probs=False)
+    result = compute_old_log_probs(
+        batch, RolloutCorrection(), recompute=Recompute(), policy_loss=policy_loss()
+    )
+    assert (result.metrics, result.recomputed) == ({}, True)
+
+
+def test_correction_off_recomputes_and_adds_nothing_else() -> None:
+    recompute = Recompute()
+    result = compute_old_log_probs(make_batch(), None, recompute=recompute, policy_loss=policy_loss())
+    assert recompute.calls == 1
+    assert sorted(result.batch.batch.keys()) == ["old_log_probs", "response_mask", "rollout_log_probs"]
+    assert result.metrics == {}
+
+
+def test_bypass_with_per_rollout_mean_uses_rollout_log_probs_and_skips_the_recompute() -> None:
+    recompute = Recompute()
+    loss = policy_loss("per_rollout_mean")
+    result = compute_old_log_probs(
+        make_batch(), RolloutCorrection(bypass_mode=True), recompute=recompute, policy_loss=loss
+    )
+    assert recompute.calls == 0
+    assert result.recomputed is False
+    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
+    assert loss.loss_mode == "per_rollout_mean"
+    assert "rollout_is_weights" not in result.batch.batch
+
+
+def test_bypass_with_a_verl_loss_switches_to_verls_bypass_mode_loss() -> None:
+    recompute = Recompute()
+    loss = policy_loss("vanilla")
+    correction = RolloutCorrection(bypass_mode=True, loss_type="reinforce")
+    result = compute_old_log_probs(make_batch(), correction, recompute=recompute, policy_loss=loss)
+    assert recompute.calls == 0
+    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
+    assert (loss.loss_mode, loss.rollout_correction.loss_type) == ("bypass_mode", "reinforce")
+
+
+@pytest.mark.parametrize(
+    "correction",
+    [RolloutCorrection(bypass_mode=True), RolloutCorrection(rollout_is="token")],
+    ids=["bypass", "decoupled-is"],
+)
+def test_missing_rollout_log_probs_fail_naming_the_key(correction: RolloutCorrection) -> None:
+    with pytest.raises(ValueError, match="needs 'rollout_log_probs' in the batch"):
+        compute_old_log_probs(
+            make_batch(with_rollout_log_probs=False),
+            correction,
+            recompute=Recompute(),
+            policy_loss=policy_loss(),
+        )
+
+
+def test_configure_actor_loss_gives_the_workers_verls_bypass_loss() -> None:
+    config = compose_config(
+        [
+            "algorithm.rollout_correction.bypass_mode=true",
+            "algorithm.rollout_correction.loss_type=reinforce",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+        ]
+    )
+    configure_actor_loss(config, validate_rollout_correction(config))
+    # What the actor worker builds from its config at construction.
+    seen = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
+    assert get_policy_loss_fn(seen.loss_mode).__name__ == "compute_policy_loss_bypass_mode"
+    assert seen.rollout_correction["loss_type"] == "reinforce"
+
+
+def test_configure_actor_loss_keeps_per_rollout_mean() -> None:
+    config = compose_config(["algorithm.rollout_correction.bypass_mode=true"])
+    configure_actor_loss(config, validate_rollout_correction(config))
+    assert config.actor_rollout_ref.actor.policy_loss.loss_mode == "per_rollout_mean"
+
+
+def test_default_config_reads_as_metrics_only_and_a_null_section_as_off() -> None:
+    assert validate_rollout_correction(compose_config()) == RolloutCorrection()
+    assert validate_rollout_correction(compose_config(["algorithm.rollout_correction=null"])) is None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001",
+        ],
+        [
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_is_threshold=0.5_5.0",
+        ],
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        [
+            "algorithm.rollout_correction.bypass_mode=true",
+            "algorithm.rollout_correction.loss_type=reinforce",
+            "algorithm.rollout_correction.rollout_rs=token_k3",
+            "algorithm.rollout_correction.rollout_rs_threshold=0.01",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+        ],
+    ],
+    ids=["decoupled-is-rs", "icepop", "bypass-per-rollout-mean", "bypass-reinforce-rs-verl-loss"],
+)
+def test_valid_settings_pass(overrides: list[str]) -> None:
+    assert validate_rollout_correction(compose_config(overrides)) is not None
+
+
+RC = "algorithm.rollout_correction"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ([f"{RC}.rollout_is=tokens"], f"{RC}.rollout_is='tokens'"),
+        ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=-1.0"], f"{RC}.rollout_is_threshold=-1.0"),
+        ([f"{RC}.rollout_rs=token_k9", f"{RC}.rollout_rs_threshold=2.0"], f"{RC}.rollout_rs='token_k9'"),
+        ([f"{RC}.rollout_rs=token_k1"], "rollout_rs_threshold=None"),
+        ([f"{RC}.loss_type=ppo"], f"{RC}.loss_type='ppo'"),
+        ([f"{RC}.bypass_mode=yes"], f"{RC}.bypass_mode='yes'"),
+        ([f"+{RC}.rollout_is_treshold=3.0"], "unknown keys ['rollout_is_treshold']"),
+        ([f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce"], f"{RC}.loss_type='reinforce' cannot"),
+        (
+            [f"{RC}.bypass_mode=true", f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=0.5_2.0"],
+            f"{RC}.rollout_rs='token_k1' cannot",
+        ),
+        ([f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token"], f"{RC}.rollout_is='token' cannot"),
+        (
+            [f"{RC}.bypass_mode=true", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+            "actor_rollout_ref.actor.policy_loss.loss_mode='gspo'",
+        ),
+    ],
+)
+def test_invalid_setting_fails_at_start_naming_the_key_and_value(overrides: list[str], named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        validate_rollout_correction(compose_config(overrides))
