@@ -115,16 +115,13 @@ def _record(trainer: AglRayPPOTrainer, collected: threading.Event | None = None)
     workers = RecordingWorkers(trainer.workers)
     trainer.policy_workers = workers  # type: ignore[assignment]
     recorded = Recorded(completed=[], workers=workers, metrics=[])
-    collect, train_step = trainer.collect, trainer.train_step
+    collect, train_step = trainer.collection.train_rollouts, trainer.train_step
 
-    def recording_collect(
-        batch: dict[str, list[Any]], *, is_train: bool
-    ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        completed, metrics = collect(batch, is_train=is_train)
-        if is_train:
-            recorded.completed.append(completed)
-            if collected is not None:
-                collected.set()
+    def recording_collect(step: int, trained_version: int) -> tuple[list[CompletedRollout], dict[str, float]]:
+        completed, metrics = collect(step, trained_version)
+        recorded.completed.append(completed)
+        if collected is not None:
+            collected.set()
         return completed, metrics
 
     def recording_train_step(timing: dict[str, float]) -> dict[str, Any]:
@@ -132,7 +129,7 @@ def _record(trainer: AglRayPPOTrainer, collected: threading.Event | None = None)
         recorded.metrics.append(metrics)
         return metrics
 
-    trainer.collect = recording_collect  # type: ignore[method-assign]
+    trainer.collection.train_rollouts = recording_collect  # type: ignore[method-assign]
     trainer.train_step = recording_train_step  # type: ignore[method-assign]
     return recorded
 
@@ -408,8 +405,9 @@ def test_async_mode_carries_a_slow_group_over_and_trains_it_next_step(stack: Sta
     agents = SlowFirstGroup(stack.task, first_collected)
     with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), agents, workers=8):
         trainer.fit()
-        assert trainer.async_manager is not None
-        carried = {rid for group in trainer.async_manager.state.groups for rid in group.pending}
+        state = trainer.collection.state()
+        assert state is not None
+        carried = {rid for group in state.groups for rid in group.pending}
 
     assert _rollouts_on_server(stack) == carried, "every rollout used must be deleted, no carried one"
     first, second = recorded.metrics

@@ -35,6 +35,10 @@ class AglSettings:
     max_response_length: int
     async_enabled: bool
     async_train_batch_size: int | None
+    fully_async: bool
+    max_staleness: int | None
+    stale_strategy: str
+    max_groups_in_flight: int | None
     drain_timeout_seconds: float
     external_endpoints: tuple[str, ...]
     weights_dir: str | None
@@ -58,6 +62,7 @@ class AglSettings:
         else:
             prompt_len, response_len = config.data.max_prompt_length, config.data.max_response_length
         external = agl.get("external_servers") or {}
+        fully_async = agl.get("fully_async") or {}
         env_map: Any = OmegaConf.to_container(agl.local.env_map) if agl.local.env_map else {}
         return cls(
             agl_base_url=str(agl.agl_base_url),
@@ -76,10 +81,18 @@ class AglSettings:
             max_response_length=int(response_len),
             async_enabled=bool(agl.async_rollout.enabled),
             async_train_batch_size=agl.async_rollout.async_train_batch_size,
+            fully_async=bool(fully_async.get("enabled", False)),
+            max_staleness=_optional_int(fully_async.get("max_staleness")),
+            stale_strategy=str(fully_async.get("stale_strategy", "drop")),
+            max_groups_in_flight=_optional_int(fully_async.get("max_groups_in_flight")),
             drain_timeout_seconds=float(agl.get("drain_timeout_seconds", 600)),
             external_endpoints=tuple(str(e) for e in external.get("endpoints", []) or []),
             weights_dir=external.get("weights_dir"),
         )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def validate_config(config: DictConfig) -> AglSettings:
@@ -101,6 +114,7 @@ def validate_config(config: DictConfig) -> AglSettings:
             f"agentlightning.async_rollout.async_train_batch_size ({settings.async_train_batch_size}) must be "
             f"> data.train_batch_size ({train_batch_size}) when agentlightning.async_rollout.enabled=true"
         )
+    _check_fully_async(settings)
     if str(config.algorithm.adv_estimator).lower() == "remax":
         raise ValueError(
             "algorithm.adv_estimator=remax is not supported by agl (its baseline needs in-process greedy "
@@ -130,6 +144,33 @@ def validate_config(config: DictConfig) -> AglSettings:
         )
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
     return settings
+
+
+def _check_fully_async(settings: AglSettings) -> None:
+    from agl_rollout import STALE_STRATEGIES
+
+    if not settings.fully_async:
+        return
+    if settings.async_enabled:
+        raise ValueError(
+            "agentlightning.fully_async.enabled=true and agentlightning.async_rollout.enabled=true are two "
+            "different async modes; keep one (fully_async overlaps collection with the update)"
+        )
+    if settings.uses_verl_replicas:
+        raise ValueError(
+            "agentlightning.fully_async.enabled=true needs inference servers that keep serving during the "
+            "update, but agentlightning.external_servers.endpoints is empty (verl's replicas sleep while the "
+            "actor trains on the same GPUs); give external servers or use agentlightning.async_rollout"
+        )
+    if settings.max_staleness is not None and settings.max_staleness < 0:
+        raise ValueError(
+            f"agentlightning.fully_async.max_staleness must be null (no bound) or >= 0, got {settings.max_staleness}"
+        )
+    if settings.stale_strategy not in STALE_STRATEGIES:
+        raise ValueError(
+            f"agentlightning.fully_async.stale_strategy is {settings.stale_strategy!r}; "
+            f"supported: {list(STALE_STRATEGIES)}"
+        )
 
 
 def _check_loss_mode_registered(loss_mode: str) -> None:

@@ -19,37 +19,23 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 from tqdm import tqdm
-from verl import DataProto
 from verl.single_controller.ray import RayWorkerGroup
-from verl.trainer.ppo.core_algos import get_kl_controller
-from verl.trainer.ppo.metric_utils import compute_data_metrics, compute_timing_metrics
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer, apply_kl_penalty, compute_advantage
+from verl.trainer.ppo.metric_utils import compute_timing_metrics
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from agl_adapter import EmptyBatchError, RolloutAdapter
-from agl_algos import (
-    grpo_group_metrics,
-    mini_batch_keep_count,
-    normalize_advantages_by_rollout,
-    row_rewards_from_scores,
-    select_rows_to_keep,
-)
-from agl_algos.verl import compute_rollout_level_advantage_data_proto
-from agl_rollout import (
-    AglClient,
-    AsyncRolloutManager,
-    AsyncRolloutState,
-    BatchTopUp,
-    RolloutManagerConfig,
-    SyncRolloutManager,
-    load_hooks,
-    model_registrations,
-    pause_and_drain,
-)
+from agl_algos import normalize_advantages_by_rollout
+from agl_rollout import AglClient, AsyncRolloutState, BatchTopUp, RolloutManagerConfig, load_hooks
+from agl_trainer.advantages import Advantages
+from agl_trainer.batching import cut_batch
+from agl_trainer.collection import Collection, registrations_for
+from agl_trainer.correction import compute_old_log_probs, configure_actor_loss, validate_rollout_correction
 from agl_trainer.datasets import collate_rows
+from agl_trainer.publisher import Publisher
 from agl_trainer.replicas import VerlReplicas
 from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, validate_config
 from agl_trainer.weights import NoWeightPush, WeightPusher
@@ -68,6 +54,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
     ``agentlightning.external_servers.endpoints``, to which ``weight_pusher`` gives the actor's
     weights after each update; or, with that list empty, verl's own vLLM replicas, which
     :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
+    The three stages are :mod:`~agl_trainer.collection`, the step's math
+    (:mod:`~agl_trainer.batching`, :mod:`~agl_trainer.advantages`, verl's workers) and
+    :mod:`~agl_trainer.publisher`.
     """
 
     def __init__(
@@ -80,6 +69,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
         weight_pusher: WeightPusher | None = None,
     ) -> None:
         self.settings: AglSettings = validate_config(config)
+        self.correction = validate_rollout_correction(config)
+        configure_actor_loss(config, self.correction)  # before the workers copy the actor config
         super().__init__(
             config=config,
             tokenizer=tokenizer,
@@ -91,29 +82,37 @@ class AglRayPPOTrainer(RayPPOTrainer):
             collate_fn=collate_rows,
         )
         self.endpoints = list(self.settings.external_endpoints)
-        self.weight_pusher: WeightPusher = weight_pusher or NoWeightPush()
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
-        self.hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
-        manager_config = RolloutManagerConfig(
-            train_rollout_n=int(config.actor_rollout_ref.rollout.n),
-            rollout_timeout_seconds=self.settings.rollout_timeout_seconds,
-            poll_interval_seconds=self.settings.poll_interval_seconds,
-            local_agent_class=self.settings.local_agent_class,
-            local_env_map=self.settings.local_env_map,
-            k8s_job_template_path=self.settings.k8s_job_template_path,
+        hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
+        self.weight_version = 0
+        model = str(config.agentlightning.get("served_model_name") or config.actor_rollout_ref.model.path)
+        registrations = registrations_for(model, self.endpoints, lambda: self.weight_version)
+        data = config.data
+        self.collection = Collection(
+            self.client,
+            self.settings,
+            RolloutManagerConfig(
+                train_rollout_n=int(config.actor_rollout_ref.rollout.n),
+                rollout_timeout_seconds=self.settings.rollout_timeout_seconds,
+                poll_interval_seconds=self.settings.poll_interval_seconds,
+                local_agent_class=self.settings.local_agent_class,
+                local_env_map=self.settings.local_env_map,
+                k8s_job_template_path=self.settings.k8s_job_template_path,
+            ),
+            train_batch_size=int(data.train_batch_size),
+            gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),
+            top_up=BatchTopUp(lambda: iter(self.train_dataloader)),
+            registrations=registrations,
+            hooks=hooks,
         )
-        self.sync_manager = SyncRolloutManager(self.client, manager_config, hooks=self.hooks)
-        self.sync_manager.hooks.startup()
-        self.async_manager: AsyncRolloutManager | None = None
-        if self.settings.async_enabled:
-            self.async_manager = AsyncRolloutManager(
-                self.client,
-                manager_config,
-                train_batch_size=int(config.data.train_batch_size),
-                async_train_batch_size=self.settings.async_train_batch_size,
-                hooks=self.hooks,
-            )
-        self._top_up = BatchTopUp(lambda: iter(self.train_dataloader))
+        self.collection.sync_manager.hooks.startup()
+        self.publisher = Publisher(
+            self.client,
+            weight_pusher or NoWeightPush(),
+            registrations,
+            fully_async=self.settings.fully_async,
+            drain_timeout_s=self.settings.drain_timeout_seconds,
+        )
         self.adapter = RolloutAdapter(
             max_prompt_length=self.settings.max_prompt_length,
             max_response_length=self.settings.max_response_length,
@@ -123,10 +122,14 @@ class AglRayPPOTrainer(RayPPOTrainer):
             tokenizer=tokenizer,
             drop_failed_rollouts=self.settings.drop_failed_rollouts,
         )
-        self.weight_version = 0
+        self.advantages = Advantages(config, use_critic=self.use_critic)
         self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
         self.policy_workers: PolicyWorkers | None = None
         self.replicas: VerlReplicas | None = None
+
+    @property
+    def weight_pusher(self) -> WeightPusher:
+        return self.publisher.pusher
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -155,11 +158,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 )
         if self.settings.uses_verl_replicas:
             self.replicas = VerlReplicas.start(self.config, workers)
-            self.endpoints = self.replicas.addresses
-            self.weight_pusher = self.replicas
+            self.endpoints[:] = self.replicas.addresses
+            self.publisher.pusher = self.replicas
 
     def shutdown(self) -> None:
-        """Stop the replicas and workers and close the server client; the Ray cluster itself stays up."""
+        """Stop the collector, the replicas and workers and close the server client; Ray itself stays up."""
+        self.collection.stop()
         if self.replicas is not None:
             self.replicas.shutdown()
             self.replicas = None
@@ -174,85 +178,63 @@ class AglRayPPOTrainer(RayPPOTrainer):
             raise RuntimeError("init_workers() has not been called")
         return self.policy_workers
 
-    # ---- collection ------------------------------------------------------------------------------
-
-    def _next_train_batch(self) -> dict[str, Any]:
-        """Sync: one dataloader batch. Async: the shortfall that keeps the groups in flight topped up."""
-        if self.async_manager is None:
-            data = self.config.data
-            return self._top_up.next_batch(int(data.get("gen_batch_size") or data.train_batch_size))
-        shortfall = self.async_manager.shortfall()
-        return self._top_up.next_batch(shortfall) if shortfall else {}
-
-    def _models(self) -> list[Any]:
-        model = str(
-            self.config.agentlightning.get("served_model_name") or self.config.actor_rollout_ref.model.path
-        )
-        return model_registrations(model, self.endpoints, version=self.weight_version)
-
-    def collect(
-        self, batch: dict[str, list[Any]], *, is_train: bool
-    ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """Run one batch of rollouts through the gateway and drain it afterwards.
-
-        The gateway is resumed before and paused and drained after, in both modes, so no model
-        call is in flight while the weights change (sync mode has nothing left to abort then).
-        """
-        requests_before = self.client.request_count
-        self.client.resume()
-        if is_train and self.async_manager is not None:
-            result = self.async_manager.enqueue_and_wait_until_group_completed(
-                batch, step=self.global_steps, models=self._models()
-            )
-        else:
-            result = self.sync_manager.enqueue_and_wait_until_completed(
-                batch, is_train=is_train, step=self.global_steps, models=self._models()
-            )
-        drain = pause_and_drain(
-            self.client,
-            f"rollout_done step={self.global_steps}",
-            timeout_s=self.settings.drain_timeout_seconds,
-        )
-        requests = {
-            "training/server_requests_per_rollout": (self.client.request_count - requests_before)
-            / max(len(result.completed), 1)
-        }
-        return result.completed, {**result.metrics, **drain, **requests}
-
     # ---- one training step -----------------------------------------------------------------------
 
     def train_step(self, timing: dict[str, float]) -> dict[str, Any]:
         """Collect, adapt, cut, release the inference servers' memory, score, update (critic, then
-        actor after ``trainer.critic_warmup`` steps), push. Returns the step's metrics.
+        actor after ``trainer.critic_warmup`` steps), publish. Returns the step's metrics.
 
         A step whose batch ends up with zero trainable rows logs why and returns its metrics
         without an update; the caller still validates and checkpoints on schedule.
         """
         metrics: dict[str, Any] = {"timing/step_start_wall": time.time()}
         with marked_timer("gen", timing):
-            completed, rollout_metrics = self.collect(self._next_train_batch(), is_train=True)
+            completed, rollout_metrics = self.collection.train_rollouts(
+                self.global_steps, self.weight_version
+            )
         metrics.update(rollout_metrics)
+        try:
+            self._train_on(completed, timing, metrics)
+        finally:
+            self.collection.step_published()
+        return metrics
+
+    def _train_on(
+        self, completed: list[CompletedRollout], timing: dict[str, float], metrics: dict[str, Any]
+    ) -> None:
         with marked_timer("adapter", timing):
             try:
                 built, adapter_metrics = self.adapter.build_batch(completed, global_steps=self.global_steps)
             except EmptyBatchError as err:
                 logger.warning("step %d has no training rows: %s", self.global_steps, err)
                 metrics["training/n_sample_trained"] = 0
-                return metrics
+                return
         metrics.update(adapter_metrics)
         with marked_timer("cut", timing):
-            batch = self._cut_batch(built.to_data_proto(), metrics)
+            batch = cut_batch(
+                built.to_data_proto(),
+                self.config,
+                metrics,
+                max_ppo_update_times=self.settings.max_ppo_update_times,
+                rng=self._rng,
+                step=self.global_steps,
+            )
         if batch is None:
-            return metrics
+            return
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         if self.config.trainer.balance_batch:
             self._balance_batch(batch, metrics=metrics)
         self.weight_pusher.release()
         with marked_timer("old_log_prob", timing):
-            old = self.workers.compute_log_prob(batch)
-            old.batch.pop("entropys")
-            batch = batch.union(old)
+            old = compute_old_log_probs(
+                batch,
+                self.correction,
+                recompute=self.workers.compute_log_prob,
+                policy_loss=self.config.actor_rollout_ref.actor.policy_loss,
+            )
+            batch = old.batch
+            metrics.update(old.metrics)
         if self.use_reference_policy:
             with marked_timer("ref", timing):
                 batch = batch.union(self.workers.compute_ref_log_prob(batch))
@@ -260,7 +242,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             with marked_timer("values", timing):
                 batch = batch.union(self.workers.compute_values(batch))
         with marked_timer("adv", timing):
-            self._compute_advantages(batch, metrics)
+            self.advantages.compute(batch, metrics)
             if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
                 batch.batch["advantages"] = normalize_advantages_by_rollout(
                     batch.batch["advantages"],
@@ -281,75 +263,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
             )
             self.weight_version = self.global_steps
         with marked_timer("update_weights", timing):
-            metrics.update(self.weight_pusher.push(self.workers, self.weight_version))
+            metrics.update(self.publisher.publish(self.workers, self.weight_version))
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
-        return metrics
-
-    def _cut_batch(self, batch: DataProto, metrics: dict[str, Any]) -> DataProto | None:
-        """uid = data_id; drop prompt-overflow rows; cut to a multiple of the mini-batch, same-reward first."""
-        batch.non_tensor_batch["uid"] = np.array(batch.non_tensor_batch["data_id_list"], dtype=object)
-        metrics["training/n_sample_collected"] = len(batch)
-        keep = (~batch.batch["is_drop_mask"]).nonzero(as_tuple=True)[0]
-        metrics["training/n_sample_dropped/marked"] = len(batch) - len(keep)
-        if len(keep) < len(batch):
-            batch = _select(batch, keep)
-        actor = self.config.actor_rollout_ref.actor
-        mini_batch_rows = int(actor.ppo_mini_batch_size) * int(self.config.actor_rollout_ref.rollout.n)
-        n_keep = mini_batch_keep_count(
-            len(batch), mini_batch_rows, max_ppo_update_times=self.settings.max_ppo_update_times
-        )
-        selection = select_rows_to_keep(
-            batch.non_tensor_batch["uid"],
-            row_rewards_from_scores(batch.batch["token_level_scores"]),
-            n_keep,
-            self._rng,
-        )
-        metrics.update(selection.metrics())
-        if len(selection.keep) == 0:
-            logger.warning(
-                "step %d: no trainable rows after dropping and flooring to a multiple of %d rows "
-                "(ppo_mini_batch_size x rollout.n); the step trains nothing",
-                self.global_steps,
-                mini_batch_rows,
-            )
-            return None
-        if len(selection.keep) < len(batch):
-            batch = _select(batch, torch.as_tensor(selection.keep))
-        return batch
-
-    def _compute_advantages(self, batch: DataProto, metrics: dict[str, Any]) -> None:
-        algorithm = self.config.algorithm
-        if algorithm.use_kl_in_reward:
-            if not hasattr(self, "kl_ctrl_in_reward"):
-                self.kl_ctrl_in_reward = get_kl_controller(algorithm.kl_ctrl)
-            batch, kl_metrics = apply_kl_penalty(
-                batch,
-                kl_ctrl=self.kl_ctrl_in_reward,  # pyright: ignore[reportArgumentType]  (fixed or adaptive)
-                kl_penalty=algorithm.kl_penalty,
-            )
-            metrics.update(kl_metrics)
-        else:
-            batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-        kwargs: dict[str, Any] = {
-            "adv_estimator": algorithm.adv_estimator,
-            "gamma": algorithm.gamma,
-            "lam": algorithm.lam,
-            "num_repeat": int(self.config.actor_rollout_ref.rollout.n),
-            "norm_adv_by_std_in_grpo": algorithm.get("norm_adv_by_std_in_grpo", True),
-            "config": algorithm,
-        }
-        if algorithm.get("enable_rollout_level_advantage", False):
-            _, adv_metrics = compute_rollout_level_advantage_data_proto(batch, **kwargs)
-            metrics.update(adv_metrics)
-        else:
-            compute_advantage(batch, **kwargs)
-        metrics.update(
-            grpo_group_metrics(
-                batch.non_tensor_batch["uid"], row_rewards_from_scores(batch.batch["token_level_scores"])
-            )
-        )
-        metrics["critic/n_transition_after_dropping"] = len(batch)
-        metrics.update(compute_data_metrics(batch=batch, use_critic=self.use_critic))
 
     # ---- validation, checkpoints, loop -------------------------------------------------------------
 
@@ -358,7 +273,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         completed: list[CompletedRollout] = []
         drain: dict[str, float] = {}
         for batch in self.val_dataloader:
-            rollouts, drain = self.collect(batch, is_train=False)
+            rollouts, drain = self.collection.val_rollouts(batch, self.global_steps)
             completed.extend(rollouts)
         return {
             **self.adapter.get_test_metrics(completed, global_steps=self.global_steps),
@@ -368,29 +283,22 @@ class AglRayPPOTrainer(RayPPOTrainer):
     def _save_checkpoint(self) -> None:
         super()._save_checkpoint()
         folder = _checkpoint_folder(self.config, self.global_steps)
+        async_state = self.collection.state()
         state = {
             "weight_version": self.weight_version,
-            "async_state": self.async_manager.state.model_dump(mode="json") if self.async_manager else None,
+            "async_state": async_state.model_dump(mode="json") if async_state is not None else None,
         }
         (folder / _STATE_FILE).write_text(json.dumps(state))
 
     def _load_checkpoint(self) -> Any:
         result = super()._load_checkpoint()
         if self.global_steps > 0:
-            folder = _checkpoint_folder(self.config, self.global_steps)
-            path = folder / _STATE_FILE
+            path = _checkpoint_folder(self.config, self.global_steps) / _STATE_FILE
             if path.exists():
                 state = json.loads(path.read_text())
                 self.weight_version = int(state["weight_version"])
-                if self.async_manager is not None and state["async_state"] is not None:
-                    self.async_manager = AsyncRolloutManager(
-                        self.client,
-                        self.async_manager.config,
-                        train_batch_size=self.async_manager.train_batch_size,
-                        async_train_batch_size=self.async_manager.async_train_batch_size,
-                        hooks=self.hooks,
-                        state=AsyncRolloutState.model_validate(state["async_state"]),
-                    )
+                if state["async_state"] is not None:
+                    self.collection.restore(AsyncRolloutState.model_validate(state["async_state"]))
         return result
 
     def fit(self) -> None:
@@ -411,13 +319,16 @@ class AglRayPPOTrainer(RayPPOTrainer):
         except BaseException:
             tracker.finish(exit_code=1)
             raise
+        finally:
+            self.collection.stop()
         tracker.finish(exit_code=0)
 
     def _fit(self, tracker: Tracking) -> None:
         trainer_cfg = self.config.trainer
         self.global_steps = 0
         self._load_checkpoint()
-        self.weight_pusher.push(self.workers, self.weight_version)
+        self.publisher.publish(self.workers, self.weight_version)
+        self.collection.start(steps_done=self.global_steps)
         if trainer_cfg.get("val_before_train", True):
             tracker.log(data=self.validate(), step=self.global_steps)
             if trainer_cfg.get("val_only", False):
@@ -440,13 +351,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
             progress.update(1)
             self.global_steps += 1
         progress.close()
-
-
-def _select(batch: DataProto, rows: torch.Tensor) -> DataProto:
-    """The rows ``rows`` (1-D index tensor) of ``batch`` as a new DataProto."""
-    selected = batch[rows]
-    assert isinstance(selected, DataProto)
-    return selected
 
 
 def _val_prefixed(metrics: dict[str, float]) -> dict[str, float]:

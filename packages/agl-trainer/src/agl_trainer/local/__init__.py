@@ -39,13 +39,14 @@ from agl_trainer.local.services import (
     vllm_argv,
     vllm_env,
 )
-from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask, UpperToolTask
+from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask, ToolLatency, UpperToolTask
 from agl_trainer.local.vllm_client import VllmClient
 
 __all__ = (
     "CACHE_DIR_ENV",
     "DEFAULT_SERVED_MODEL",
     "TOY_TASKS",
+    "ToolLatency",
     "Agent",
     "AgentContext",
     "AglServer",

@@ -14,9 +14,13 @@ ASCII digits, the default) and ``upper`` (:class:`UpperToolTask`, tokens of ASCI
 
 from __future__ import annotations
 
+import math
+import random
 import string
+import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -74,13 +78,59 @@ DIGITS = TokenKind(label="digits", matches=is_digit_text, prompts=PROMPTS)
 CAPITALS = TokenKind(label="capitals", matches=is_upper_text, prompts=UPPER_PROMPTS)
 
 
+_Z_99 = 2.3263478740408408
+"""The standard normal's 99th percentile: a lognormal's p99 is ``exp(mu + _Z_99 * sigma)``."""
+
+
+@dataclass(frozen=True)
+class ToolLatency:
+    """How long each tool call takes: lognormal with ``median`` and 99th percentile ``p99`` seconds.
+
+    Heavy-tailed like real agents' tools (a search, a test run). Draws come from one generator
+    seeded with ``seed``, shared by every agent thread.
+    """
+
+    median: float
+    p99: float
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not (self.median > 0 and math.isfinite(self.p99) and self.p99 >= self.median):
+            raise ValueError(
+                f"tool_latency needs 0 < MEDIAN <= P99 (seconds), got median={self.median}, p99={self.p99}"
+            )
+        object.__setattr__(self, "_rng", random.Random(self.seed))
+
+    @classmethod
+    def parse(cls, text: str, seed: int = 0) -> ToolLatency:
+        """``"MEDIAN:P99"`` in seconds, e.g. ``"0.5:6"``."""
+        median, _, p99 = text.partition(":")
+        try:
+            return cls(float(median), float(p99), seed)
+        except ValueError as exc:
+            raise ValueError(
+                f"tool_latency={text!r}: expected MEDIAN:P99 in seconds, e.g. 0.5:6 ({exc})"
+            ) from exc
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99 / self.median) / _Z_99
+
+    def sample(self) -> float:
+        """One tool call's latency in seconds."""
+        with self._lock:
+            return self._rng.lognormvariate(math.log(self.median), self.sigma)
+
+
 @dataclass(frozen=True)
 class TokenShareTask:
     """A task and its agent (instances are callable as an ``Agent``); subclasses set ``kind``.
 
     ``target_ids`` are the tokenizer's tokens of that kind. ``max_tokens_per_turn`` bounds each of
     the ``turns`` model calls; rewards are shares of the ``turns * max_tokens_per_turn`` (at most)
-    generated tokens.
+    generated tokens. ``tool_latency`` makes each tool call wait (none by default).
     """
 
     kind: ClassVar[TokenKind]
@@ -88,6 +138,7 @@ class TokenShareTask:
     target_ids: frozenset[int]
     turns: int = 2
     max_tokens_per_turn: int = 8
+    tool_latency: ToolLatency | None = None
 
     @classmethod
     def from_model(cls, model_path: Path, turns: int = 2, max_tokens_per_turn: int = 8) -> Self:
@@ -142,6 +193,8 @@ class TokenShareTask:
             generated += completion.token_ids
             prompt = prompt + completion.token_ids
             if turn < self.turns - 1:
+                if self.tool_latency is not None:
+                    time.sleep(self.tool_latency.sample())
                 prompt = prompt + self.encode(self.observation(generated))
         return self.reward(generated)
 

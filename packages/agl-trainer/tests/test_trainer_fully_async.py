@@ -1,0 +1,134 @@
+"""The fully-async mode through the real trainer: verl's workers on CPU, the real agl-server, fake agents.
+
+Collection runs while the actor updates, each step reports its groups' staleness, and the
+checkpoint carries the held groups.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+ray = pytest.importorskip("ray")
+
+from agl_testing.agents import AgentBehaviour, FakeAgents  # noqa: E402
+from agl_testing.agl_server import TEST_KEY, AglServerProcess  # noqa: E402
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
+from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
+from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
+from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
+from agl_trainer.workers import ray_runtime_env  # noqa: E402
+
+pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
+
+B = 2
+WAIT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
+    yield
+    ray.shutdown()
+
+
+def _trainer(server: AglServerProcess, out: Path) -> AglRayPPOTrainer:
+    model = build_tiny_model(out / "model", seed=0)
+    config = compose_config(
+        [
+            *CPU_MODE_OVERRIDES,
+            f"actor_rollout_ref.model.path={model}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.use_dynamic_bsz=false",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            f"data.train_batch_size={B}",
+            "trainer.n_gpus_per_node=1",
+            "trainer.nnodes=1",
+            "trainer.total_training_steps=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=2",
+            "trainer.logger=[console]",
+            "trainer.balance_batch=false",
+            f"trainer.default_local_dir={out / 'ckpt'}",
+            f"agentlightning.agl_base_url={server.url}",
+            f"agentlightning.agl_key={TEST_KEY}",
+            "agentlightning.poll_interval_seconds=0.05",
+            "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
+            "agentlightning.trace_aggregator.trajectory_max_response_length=32",
+            "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
+            "agentlightning.fully_async.enabled=true",
+            "agentlightning.fully_async.max_staleness=1",
+        ]
+    )
+    return build_trainer(config, [{"x": i} for i in range(16)], [{"x": 100}])
+
+
+class _UpdateSpy:
+    """verl's policy workers with ``update_actor`` replaced (the workers dataclass is frozen)."""
+
+    def __init__(self, workers: Any, update_actor: Any) -> None:
+        self._workers = workers
+        self.update_actor = update_actor
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._workers, name)
+
+
+def _alternating(rollout: dict[str, Any]) -> AgentBehaviour:
+    """Half of each group earns 1 with other tokens, so every group has a gradient; calls say version 0."""
+    shift = int(rollout["rollout_id"], 16) % 2
+    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift, weight_version=0)
+
+
+def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
+    fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    trainer = _trainer(fresh_agl_server, tmp_path)
+    completed_during_update: list[bool] = []
+    update_actor = trainer.workers.update_actor
+    steps: list[dict[str, Any]] = []
+    train_step = trainer.train_step
+
+    def watching_update(batch: Any) -> dict[str, Any]:
+        # Inside the update, the collector keeps harvesting: the next step's groups complete now.
+        collector = trainer.collection.collector
+        assert collector is not None
+        with collector._lock:  # pyright: ignore[reportPrivateUsage]  (wait on the collector's own condition)
+            completed_during_update.append(
+                collector._lock.wait_for(lambda: collector.manager.n_complete >= B, timeout=WAIT_S)  # pyright: ignore[reportPrivateUsage]
+            )
+        return update_actor(batch)
+
+    def recording_step(timing: dict[str, float]) -> dict[str, Any]:
+        steps.append(train_step(timing))
+        return steps[-1]
+
+    trainer.policy_workers = _UpdateSpy(trainer.workers, watching_update)  # type: ignore[assignment]
+    trainer.train_step = recording_step  # type: ignore[method-assign]
+    try:
+        with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
+            trainer.fit()
+    finally:
+        trainer.shutdown()
+    assert completed_during_update == [True, True]
+    # Step 1 trains version 0 on calls of version 0; step 2 trains version 1 on groups that ran
+    # during step 1's update, whose calls say version 0: one version stale, within the bound.
+    assert [s["training/async/staleness_max"] for s in steps] == [0.0, 1.0]
+    assert [s["training/async/dropped_stale"] for s in steps] == [0.0, 0.0]
+    assert trainer.publisher.published == 2
+    assert all("training/async/gateway_paused_seconds" in s for s in steps)
+    state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
+    assert state["weight_version"] == 2
+    assert len(state["async_state"]["groups"]) >= 1  # what ran during the last update is carried, not lost
