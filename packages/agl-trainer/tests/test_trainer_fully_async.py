@@ -7,7 +7,6 @@ checkpoint carries the held groups.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
