@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, main, parse_args
+from agl_trainer.local import ToolLatency
 
 
 def test_shortcuts_map_onto_their_hydra_keys_before_the_overrides() -> None:
@@ -18,6 +19,7 @@ def test_shortcuts_map_onto_their_hydra_keys_before_the_overrides() -> None:
             "trainer.total_training_steps=3",
             "agentlightning.trace_aggregator.level=transition",
             "agentlightning.async_rollout.enabled=true",
+            "agentlightning.fully_async.enabled=false",
             "data.train_batch_size=8",
         ),
     )
@@ -30,8 +32,24 @@ def test_flags_mean_the_same_as_short_keys() -> None:
         "trainer.total_training_steps=2",
         "agentlightning.trace_aggregator.level=trajectory",
         "agentlightning.async_rollout.enabled=false",
+        "agentlightning.fully_async.enabled=false",
         "trainer.test_freq=1",
     )
+
+
+def test_fully_async_shortcuts_map_onto_their_keys_and_tool_latency_onto_the_toy_task() -> None:
+    args = parse_args(["--fully-async", "max_staleness=0", "tool_latency=0.5:6"])
+    assert args == parse_args(["mode=fully-async", "--max-staleness", "0", "--tool-latency", "0.5:6"])
+    assert args.overrides == (
+        "agentlightning.async_rollout.enabled=false",
+        "agentlightning.fully_async.enabled=true",
+        "agentlightning.fully_async.max_staleness=0",
+    )
+    assert args.tool_latency == ToolLatency(0.5, 6.0)
+
+
+def test_a_malformed_tool_latency_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "tool_latency='6:0.5'" in _usage_error(["tool_latency=6:0.5"], capsys)
 
 
 def test_no_arguments_ask_for_nothing() -> None:

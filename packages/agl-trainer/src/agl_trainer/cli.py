@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from agl_trainer.local.toy_task import TOY_TASKS
+from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
 
 PRODUCTION_KEYS = (
     "agentlightning.agl_base_url",
@@ -27,7 +27,14 @@ PRODUCTION_KEYS = (
 
 AGL_LOGGERS = ("agl_rollout", "agl_adapter", "agl_algos", "agl_trainer")
 
-_SHORT_KEYS = {"task": "--task", "steps": "--steps", "level": "--level", "mode": "--mode"}
+_SHORT_KEYS = {
+    "task": "--task",
+    "steps": "--steps",
+    "level": "--level",
+    "mode": "--mode",
+    "max_staleness": "--max-staleness",
+    "tool_latency": "--tool-latency",
+}
 
 _DESCRIPTION = """\
 Trains an LLM agent with GRPO on verl.
@@ -48,12 +55,18 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
   task=NAME            same as --task
   steps=N              same as --steps       (trainer.total_training_steps=N)
   level=LEVEL          same as --level       (agentlightning.trace_aggregator.level=LEVEL)
-  mode=sync|async      same as --sync/--async (agentlightning.async_rollout.enabled)
+  mode=sync|async|fully-async
+                       same as --sync/--async/--fully-async (agentlightning.async_rollout.enabled,
+                       agentlightning.fully_async.enabled)
+  max_staleness=K      same as --max-staleness (agentlightning.fully_async.max_staleness; 0 = on-policy)
+  tool_latency=M:P99   same as --tool-latency: each toy-task tool call waits a lognormal time with
+                       median M and 99th percentile P99 seconds (embedded default only; off by default)
 Logging: trainer.logger=[console,wandb] adds Weights & Biases (after `wandb login`); the embedded
 default always keeps the file logger too, for metrics.jsonl and the plot.
 
 examples:
   agl-trainer steps=5 --async level=transition
+  agl-trainer --fully-async max_staleness=1 tool_latency=0.5:6
   agl-trainer task=upper steps=10
   agl-trainer trainer.logger=[console,wandb] trainer.project_name=agl-demo
   agl-trainer actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \\
@@ -68,6 +81,7 @@ class CliArgs:
 
     task: str | None
     overrides: tuple[str, ...]
+    tool_latency: ToolLatency | None = None
 
     @property
     def is_production(self) -> bool:
@@ -94,12 +108,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="training rows per LLM call (transition) or per merged multi-turn trace (trajectory, the default)",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--mode", choices=("sync", "async"), help="same as --sync / --async")
+    mode.add_argument(
+        "--mode", choices=("sync", "async", "fully-async"), help="same as --sync / --async / --fully-async"
+    )
     mode.add_argument(
         "--async", dest="mode", action="store_const", const="async", help="async rollouts by GRPO group"
     )
     mode.add_argument(
+        "--fully-async",
+        dest="mode",
+        action="store_const",
+        const="fully-async",
+        help="agents keep running while the actor updates (staleness-bounded; needs external servers)",
+    )
+    mode.add_argument(
         "--sync", dest="mode", action="store_const", const="sync", help="sync rollouts (the default)"
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=_non_negative_int,
+        help="fully-async: train no group more than K weight versions old (0 = on-policy)",
+    )
+    parser.add_argument(
+        "--tool-latency",
+        type=_tool_latency,
+        metavar="MEDIAN:P99",
+        help="toy tasks: lognormal seconds per tool call, e.g. 0.5:6 (embedded default only)",
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     return parser
@@ -119,7 +153,10 @@ def parse_args(argv: Sequence[str]) -> CliArgs:
         overrides.append(f"agentlightning.trace_aggregator.level={args.level}")
     if args.mode is not None:
         overrides.append(f"agentlightning.async_rollout.enabled={str(args.mode == 'async').lower()}")
-    return CliArgs(task=args.task, overrides=(*overrides, *args.overrides))
+        overrides.append(f"agentlightning.fully_async.enabled={str(args.mode == 'fully-async').lower()}")
+    if args.max_staleness is not None:
+        overrides.append(f"agentlightning.fully_async.max_staleness={args.max_staleness}")
+    return CliArgs(task=args.task, overrides=(*overrides, *args.overrides), tool_latency=args.tool_latency)
 
 
 def _expand_short_key(arg: str) -> list[str]:
@@ -127,6 +164,20 @@ def _expand_short_key(arg: str) -> list[str]:
     if sep and key in _SHORT_KEYS:
         return [_SHORT_KEYS[key], value]
     return [arg]
+
+
+def _tool_latency(text: str) -> ToolLatency:
+    try:
+        return ToolLatency.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -155,6 +206,11 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.is_production and args.tool_latency is not None:
+        raise SystemExit(
+            "agl-trainer: tool_latency= slows the embedded default's toy agents; a production run's agents are "
+            "your own: drop tool_latency="
+        )
     if args.is_production and args.task is not None:
         raise SystemExit(
             f"agl-trainer: task={args.task} selects the embedded default's toy task, but the overrides name "
@@ -168,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         from agl_trainer.demo import run_embedded_default
 
-        run_embedded_default(args.overrides, task=args.task or "digits")
+        run_embedded_default(args.overrides, task=args.task or "digits", tool_latency=args.tool_latency)
 
 
 if __name__ == "__main__":

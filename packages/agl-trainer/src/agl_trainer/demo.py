@@ -11,6 +11,7 @@ vLLM replicas instead (path 1, :mod:`agl_trainer.replicas`): no CPU vLLM server 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from agl_trainer.local import (
     TOY_TASKS,
     AglServerApi,
     LocalAgentRunner,
+    ToolLatency,
     agl_server_spec,
     cache_dir,
     ensure_tool_env,
@@ -137,22 +139,39 @@ def with_file_logger(config: DictConfig) -> DictConfig:
     return config
 
 
-def run_embedded_default(overrides: Sequence[str] = (), *, task: str = "digits") -> DemoRun:
+def agent_slots(config: DictConfig) -> int:
+    """How many local agents run at once: every rollout the configured mode keeps in flight."""
+    agl, n = config.agentlightning, int(config.actor_rollout_ref.rollout.n)
+    groups = int(config.data.train_batch_size)
+    if agl.async_rollout.enabled:
+        groups = int(agl.async_rollout.async_train_batch_size)
+    elif agl.fully_async.enabled:
+        bound = agl.fully_async.max_staleness
+        groups = int(
+            agl.fully_async.max_groups_in_flight or (1 if bound is None else int(bound) + 1) * groups
+        )
+    return n * groups
+
+
+def run_embedded_default(
+    overrides: Sequence[str] = (), *, task: str = "digits", tool_latency: ToolLatency | None = None
+) -> DemoRun:
     """Run the whole local stack and train on the toy task ``task`` (a :data:`TOY_TASKS` name);
-    ``overrides`` are Hydra overrides applied last."""
+    ``overrides`` are Hydra overrides applied last; ``tool_latency`` slows each tool call."""
     if task not in TOY_TASKS:
         raise ValueError(f"Unsupported task: {task!r}. Supported: {sorted(TOY_TASKS)}")
     exit_on_sigterm()
     on_gpu = _on_gpu(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    steps = int(compose_config([*_TASK_OVERRIDES, *overrides]).trainer.total_training_steps)
+    planned = compose_config([*_TASK_OVERRIDES, *overrides])
+    steps = int(planned.trainer.total_training_steps)
     print(start_message(steps, run_dir, on_gpu=on_gpu), flush=True)
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
     model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2")
-    toy = TOY_TASKS[task](model)
+    toy = dataclasses.replace(TOY_TASKS[task](model), tool_latency=tool_latency)
     # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
     served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
     with ExitStack() as stack:
@@ -170,7 +189,9 @@ def run_embedded_default(overrides: Sequence[str] = (), *, task: str = "digits")
                 f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
                 f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
             ]
-        agents = stack.enter_context(LocalAgentRunner(AglServerApi(server.url, server.key), toy))
+        agents = stack.enter_context(
+            LocalAgentRunner(AglServerApi(server.url, server.key), toy, workers=agent_slots(planned))
+        )
         config = compose_config(
             [
                 *inference,
@@ -199,6 +220,7 @@ __all__ = (
     "STARTUP_SECONDS",
     "STEP_SECONDS",
     "DemoRun",
+    "agent_slots",
     "run_embedded_default",
     "start_message",
     "with_file_logger",
