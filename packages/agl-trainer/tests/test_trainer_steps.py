@@ -291,7 +291,7 @@ def _record_trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
 def _record_weight_pushes(trainer: AglRayPPOTrainer) -> list[str]:
     """Spy on the weight pusher: ``"release"`` and ``"push <version>"``, in call order."""
     seen: list[str] = []
-    pusher = trainer.weight_pusher
+    pusher = trainer.publisher.pusher
     release, push = pusher.release, pusher.push
 
     def recording_release() -> None:

@@ -8,11 +8,8 @@ advantage and per-rollout-mean loss. The step, in order, is :meth:`AglRayPPOTrai
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +26,7 @@ from verl.utils.tracking import Tracking
 
 from agl_adapter import EmptyBatchError, RolloutAdapter
 from agl_algos import normalize_advantages_by_rollout
-from agl_rollout import AglClient, AsyncRolloutState, BatchTopUp, RolloutManagerConfig, load_hooks
+from agl_rollout import AglClient, BatchTopUp, RolloutManagerConfig, load_hooks
 from agl_trainer.advantages import Advantages
 from agl_trainer.batching import cut_batch
 from agl_trainer.collection import Collection, registrations_for
@@ -37,14 +34,13 @@ from agl_trainer.correction import compute_old_log_probs, configure_actor_loss, 
 from agl_trainer.datasets import collate_rows
 from agl_trainer.publisher import Publisher
 from agl_trainer.replicas import VerlReplicas
+from agl_trainer.run_state import RunState, checkpoint_folder
 from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, validate_config
 from agl_trainer.weights import NoWeightPush, WeightPusher
 from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
 from agl_types import CompletedRollout
 
 logger = logging.getLogger(__name__)
-
-_STATE_FILE = "agl_state.json"
 
 
 class AglRayPPOTrainer(RayPPOTrainer):
@@ -126,10 +122,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
         self.policy_workers: PolicyWorkers | None = None
         self.replicas: VerlReplicas | None = None
-
-    @property
-    def weight_pusher(self) -> WeightPusher:
-        return self.publisher.pusher
 
     # ---- workers -------------------------------------------------------------------------------
 
@@ -225,7 +217,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
         if self.config.trainer.balance_batch:
             self._balance_batch(batch, metrics=metrics)
-        self.weight_pusher.release()
+        self.publisher.pusher.release()
         with marked_timer("old_log_prob", timing):
             old = compute_old_log_probs(
                 batch,
@@ -282,23 +274,18 @@ class AglRayPPOTrainer(RayPPOTrainer):
 
     def _save_checkpoint(self) -> None:
         super()._save_checkpoint()
-        folder = _checkpoint_folder(self.config, self.global_steps)
-        async_state = self.collection.state()
-        state = {
-            "weight_version": self.weight_version,
-            "async_state": async_state.model_dump(mode="json") if async_state is not None else None,
-        }
-        (folder / _STATE_FILE).write_text(json.dumps(state))
+        folder = checkpoint_folder(self.config, self.global_steps)
+        RunState(self.weight_version, self.collection.state()).save(folder)
 
     def _load_checkpoint(self) -> Any:
         result = super()._load_checkpoint()
-        if self.global_steps > 0:
-            path = _checkpoint_folder(self.config, self.global_steps) / _STATE_FILE
-            if path.exists():
-                state = json.loads(path.read_text())
-                self.weight_version = int(state["weight_version"])
-                if state["async_state"] is not None:
-                    self.collection.restore(AsyncRolloutState.model_validate(state["async_state"]))
+        state = (
+            RunState.load(checkpoint_folder(self.config, self.global_steps)) if self.global_steps else None
+        )
+        if state is not None:
+            self.weight_version = state.weight_version
+            if state.async_state is not None:
+                self.collection.restore(state.async_state)
         return result
 
     def fit(self) -> None:
@@ -355,13 +342,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
 
 def _val_prefixed(metrics: dict[str, float]) -> dict[str, float]:
     return {key.replace("training/", "val/", 1): value for key, value in metrics.items()}
-
-
-def _checkpoint_folder(config: DictConfig, step: int) -> Path:
-    root = Path(config.trainer.default_local_dir)
-    if not root.is_absolute():
-        root = Path(os.getcwd()) / root
-    return root / f"global_step_{step}"
 
 
 __all__ = ("AglRayPPOTrainer",)

@@ -1,0 +1,94 @@
+"""Sync vs carry-over async vs fully-async on the embedded default with heavy-tailed tool latency.
+
+Runs ``agl-trainer`` three times in this process's environment, same task, steps and seed, each
+with ``tool_latency=0.5:6`` (lognormal tool calls, median 0.5 s, p99 6 s), and prints for each mode
+the trained samples per second (``training/n_sample_trained`` of steps 2..N over the wall time
+from the end of step 1 to the end of step N) and the final reward (mean ``training/reward`` of the
+last three steps), with ratios against sync measured in the same run.
+
+    uv run --no-sync python benchmarks/bench_async.py [--steps 20] [--tool-latency 0.5:6]
+
+Goal (issue 14): fully-async >= 2.5x sync samples/s, final reward >= sync's - 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+MODES = {"sync": "--sync", "async": "--async", "fully-async": "--fully-async"}
+THROUGHPUT_GOAL = 2.5
+REWARD_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Result:
+    mode: str
+    samples_per_s: float
+    final_reward: float
+    wall_s: float
+    mean_staleness: float | None
+
+
+def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path:
+    """Run the embedded default in ``mode``; return its metrics.jsonl."""
+    command = ["agl-trainer", MODES[mode], f"steps={steps}", f"tool_latency={tool_latency}", *extra]
+    print(f"==> {' '.join(command)}", file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    match = re.search(r"Metrics: (\S+metrics\.jsonl)", done.stdout)
+    if done.returncode != 0 or match is None:
+        sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+        raise SystemExit(f"bench_async: the {mode} run failed (exit {done.returncode})")
+    return Path(match.group(1))
+
+
+def summarise(mode: str, metrics_file: Path) -> Result:
+    steps = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    rows = sorted((s for s in steps if "training/n_sample_trained" in s.get("data", s)), key=lambda s: s["step"])
+    data = [s.get("data", s) for s in rows]
+    ends = [d["timing/step_start_wall"] + d["timing_s/step"] for d in data]
+    wall = ends[-1] - ends[0]
+    trained = sum(d["training/n_sample_trained"] for d in data[1:])
+    rewards = [d["training/reward"] for d in data[-3:]]
+    stale = [d["training/async/staleness_mean"] for d in data if "training/async/staleness_mean" in d]
+    return Result(
+        mode=mode,
+        samples_per_s=trained / wall,
+        final_reward=sum(rewards) / len(rewards),
+        wall_s=wall,
+        mean_staleness=sum(stale) / len(stale) if stale else None,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--tool-latency", default="0.5:6")
+    parser.add_argument("extra", nargs="*", help="Hydra overrides for every run")
+    args = parser.parse_args()
+    results = [summarise(mode, run_mode(mode, args.steps, args.tool_latency, args.extra)) for mode in MODES]
+    base = results[0]
+    print(f"\n{'mode':<12} {'samples/s':>10} {'x sync':>7} {'final reward':>13} {'- sync':>7} {'staleness':>10}")
+    for r in results:
+        staleness = "-" if r.mean_staleness is None else f"{r.mean_staleness:.2f}"
+        print(
+            f"{r.mode:<12} {r.samples_per_s:>10.2f} {r.samples_per_s / base.samples_per_s:>7.2f} "
+            f"{r.final_reward:>13.3f} {r.final_reward - base.final_reward:>+7.3f} {staleness:>10}"
+        )
+    fully = results[-1]
+    speedup = fully.samples_per_s / base.samples_per_s
+    reward_ok = fully.final_reward >= base.final_reward - REWARD_MARGIN
+    verdict = "PASS" if speedup >= THROUGHPUT_GOAL and reward_ok else "FAIL"
+    print(
+        f"\nfully-async: {speedup:.2f}x sync samples/s (goal >= {THROUGHPUT_GOAL}), final reward "
+        f"{fully.final_reward - base.final_reward:+.3f} vs sync (goal >= -{REWARD_MARGIN}): {verdict}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""What agl adds to verl's checkpoint folder: the weight version and the async modes' held groups."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from agl_rollout import AsyncRolloutState
+
+STATE_FILE = "agl_state.json"
+
+
+@dataclass(frozen=True)
+class RunState:
+    weight_version: int
+    async_state: AsyncRolloutState | None
+
+    def save(self, folder: Path) -> None:
+        held = self.async_state.model_dump(mode="json") if self.async_state is not None else None
+        (folder / STATE_FILE).write_text(
+            json.dumps({"weight_version": self.weight_version, "async_state": held})
+        )
+
+    @classmethod
+    def load(cls, folder: Path) -> RunState | None:
+        """The state saved in ``folder``; None when there is none (a checkpoint of verl alone)."""
+        path = folder / STATE_FILE
+        if not path.exists():
+            return None
+        state = json.loads(path.read_text())
+        held = state["async_state"]
+        return cls(
+            weight_version=int(state["weight_version"]),
+            async_state=AsyncRolloutState.model_validate(held) if held is not None else None,
+        )
+
+
+def checkpoint_folder(config: DictConfig, step: int) -> Path:
+    """verl's folder of the checkpoint of ``step`` (``trainer.default_local_dir``, relative to the cwd)."""
+    root = Path(config.trainer.default_local_dir)
+    if not root.is_absolute():
+        root = Path(os.getcwd()) / root
+    return root / f"global_step_{step}"
+
+
+__all__ = ("STATE_FILE", "RunState", "checkpoint_folder")
