@@ -37,7 +37,7 @@ def ray_cluster() -> Iterator[None]:
     ray.shutdown()
 
 
-def _trainer(server: AglServerProcess, out: Path) -> AglRayPPOTrainer:
+def _trainer(server: AglServerProcess, out: Path, *extra: str) -> AglRayPPOTrainer:
     model = build_tiny_model(out / "model", seed=0)
     config = compose_config(
         [
@@ -69,6 +69,7 @@ def _trainer(server: AglServerProcess, out: Path) -> AglRayPPOTrainer:
             "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
             "agentlightning.fully_async.enabled=true",
             "agentlightning.fully_async.max_staleness=1",
+            *extra,
         ]
     )
     return build_trainer(config, [{"x": i} for i in range(16)], [{"x": 100}])
@@ -131,3 +132,45 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
     state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
     assert state["weight_version"] == 2
     assert len(state["async_state"]["groups"]) >= 1  # what ran during the last update is carried, not lost
+
+
+def _trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
+    """Spy on the adapter: the data id of every rollout a training batch is built from."""
+    seen: list[str] = []
+    build_batch = trainer.adapter.build_batch
+
+    def recording(completed: Any, **kwargs: Any) -> Any:
+        seen.extend(rollout.data_id for rollout in completed)
+        return build_batch(completed, **kwargs)
+
+    trainer.adapter.build_batch = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_a_resumed_fully_async_run_trains_the_checkpointed_groups_once_and_nothing_twice(
+    fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    unbounded = "agentlightning.fully_async.max_staleness=null"  # the fake agents record version 0 only
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
+        first = _trainer(fresh_agl_server, tmp_path, unbounded)
+        trained_before = _trained_data_ids(first)
+        try:
+            first.fit()
+        finally:
+            first.shutdown()
+        state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
+        resumed = _trainer(fresh_agl_server, tmp_path, unbounded, "trainer.total_training_steps=3")
+        trained_after = _trained_data_ids(resumed)
+        try:
+            resumed.fit()
+        finally:
+            resumed.shutdown()
+    carried = {group["data_id"] for group in state["async_state"]["groups"]}
+    complete = {g["data_id"] for g in state["async_state"]["groups"] if not g["pending"]}
+    after = json.loads((tmp_path / "ckpt" / "global_step_3" / "agl_state.json").read_text())
+    still_carried = {group["data_id"] for group in after["async_state"]["groups"]}
+    assert len(trained_before) == 2 * len(trained_after) == 2 * B * 2  # two steps, then one, of B groups x n=2
+    assert set(trained_before).isdisjoint(trained_after), "a group trained before the checkpoint ran again"
+    # A step takes the oldest complete groups first: the checkpointed ones.
+    assert len(complete & set(trained_after)) == min(len(complete), B)
+    assert carried <= set(trained_after) | still_carried, "a checkpointed group was lost"
