@@ -169,7 +169,9 @@ def test_a_resumed_fully_async_run_trains_the_checkpointed_groups_once_and_nothi
     complete = {g["data_id"] for g in state["async_state"]["groups"] if not g["pending"]}
     after = json.loads((tmp_path / "ckpt" / "global_step_3" / "agl_state.json").read_text())
     still_carried = {group["data_id"] for group in after["async_state"]["groups"]}
-    assert len(trained_before) == 2 * len(trained_after) == 2 * B * 2  # two steps, then one, of B groups x n=2
+    assert (
+        len(trained_before) == 2 * len(trained_after) == 2 * B * 2
+    )  # two steps, then one, of B groups x n=2
     assert set(trained_before).isdisjoint(trained_after), "a group trained before the checkpoint ran again"
     # A step takes the oldest complete groups first: the checkpointed ones.
     assert len(complete & set(trained_after)) == min(len(complete), B)
