@@ -152,8 +152,9 @@ def test_replica_log_probs_mode_other_than_the_actors_is_refused() -> None:
         validate_config(compose_config(["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]))
 
 
-def test_replicas_and_the_cpu_vllm_server_cap_a_call_without_max_tokens_alike() -> None:
+def test_replicas_and_the_cpu_vllm_server_cap_a_call_alike() -> None:
     config: DictConfig = compose_config()
-    # verl's replicas default max_tokens to rollout.response_length; the CPU server to its flag.
+    # verl's replicas cap every call at rollout.response_length (vLLM's max_new_tokens); the CPU
+    # server at its --override-generation-config, by default data.max_response_length's default.
     assert config.actor_rollout_ref.rollout.response_length == config.data.max_response_length
     assert config.data.max_response_length == DEFAULT_MAX_RESPONSE_TOKENS

@@ -19,7 +19,7 @@ from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
 
 DEFAULT_SERVED_MODEL = "agl-local-policy"
 DEFAULT_MAX_RESPONSE_TOKENS = 512
-"""verl's ``data.max_response_length`` default: what a call without ``max_tokens`` may generate."""
+"""verl's ``data.max_response_length`` default: the most tokens one call may generate."""
 LOGPROBS_MODE = "processed_logprobs"
 """Served log-probs after temperature (and top-k/top-p), as the actor computes its own."""
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
@@ -66,8 +66,9 @@ def vllm_argv(
     log-probs equal to the trainer's for the same weights.
 
     Same semantics as verl's replicas: log-probs in :data:`LOGPROBS_MODE` (vLLM's default is raw,
-    before temperature), and a call without ``max_tokens`` capped at ``max_response_tokens`` (pass
-    ``data.max_response_length``; verl caps with ``rollout.response_length``, the same value).
+    before temperature), and every call capped at ``max_response_tokens`` whatever ``max_tokens`` it
+    asks for (vLLM's server-wide ``max_new_tokens``, which verl sets to ``rollout.response_length``,
+    i.e. ``data.max_response_length``: pass that).
     """
     return [
         str(python),
