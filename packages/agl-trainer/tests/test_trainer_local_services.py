@@ -48,6 +48,10 @@ def test_vllm_argv_is_eager_float32_openai_server() -> None:
         "float32",
         "--max-model-len",
         "2048",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--override-generation-config",
+        '{"max_new_tokens": 512}',
     ]
 
 

@@ -291,13 +291,14 @@ def _init_gloo_process_group() -> None:
 class CpuActorRefWorker(AglActorRefWorker):
     """verl's actor/ref worker for the CPU mode: gloo is started before verl's ``init_model``.
 
-    Use it with role ``"actor"`` or ``"ref"`` only: the CPU mode has no rollout engine.
+    Roles ``"actor"`` and ``"ref"``; ``"actor_rollout"`` only with a rollout backend that runs on
+    CPU (none of verl's do; the hybrid path's tests register one in place of the GPU-bound vLLM).
     """
 
     def __init__(self, config: Any, role: str, **kwargs: Any) -> None:
-        if role not in ("actor", "ref"):
+        if role not in ("actor", "ref", "actor_rollout"):
             raise ValueError(
-                f"role={role!r} is not supported in the CPU mode (no rollout engine on CPU); use 'actor' or 'ref'."
+                f"role={role!r} is not supported in the CPU mode; use 'actor', 'ref' or 'actor_rollout'."
             )
         _init_gloo_process_group()
         super().__init__(config, role, **kwargs)

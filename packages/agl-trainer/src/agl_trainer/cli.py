@@ -217,14 +217,24 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"a production setup (one of {', '.join(PRODUCTION_KEYS)}); drop task= and give data.train_files"
         )
     configure_logging()
-    if args.is_production:
-        from agl_trainer.entrypoint import run_from_files
+    try:
+        if args.is_production:
+            from agl_trainer.entrypoint import run_from_files
 
-        run_from_files(args.overrides)
-    else:
-        from agl_trainer.demo import run_embedded_default
+            run_from_files(args.overrides)
+        else:
+            from agl_trainer.demo import run_embedded_default
 
-        run_embedded_default(args.overrides, task=args.task or "digits", tool_latency=args.tool_latency)
+            run_embedded_default(args.overrides, task=args.task or "digits", tool_latency=args.tool_latency)
+    except KeyboardInterrupt as interrupt:
+        # run_ppo has stopped its workers and replicas, the embedded default its processes.
+        from agl_trainer.entrypoint import TrainingInterrupted
+
+        if isinstance(interrupt, TrainingInterrupted):
+            print(interrupt.summary(), file=sys.stderr, flush=True)
+        else:
+            print("agl-trainer: interrupted before training started; nothing was saved", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

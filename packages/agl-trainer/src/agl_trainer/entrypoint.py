@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agl_trainer._compat import check_verl_version
 from agl_trainer.datasets import InMemoryDataset
-from agl_trainer.settings import validate_config
+from agl_trainer.settings import gateway_model_name, validate_config
 from agl_trainer.trainer import AglRayPPOTrainer
 from agl_trainer.weights import ExternalVllmPush, NoWeightPush, WeightPusher
 from agl_trainer.workers import ray_runtime_env
@@ -62,7 +62,7 @@ def default_weight_pusher(config: DictConfig, endpoints: Sequence[str]) -> Weigh
 
 def served_model_name(config: DictConfig) -> str:
     """The model name agents and the gateway use: ``agentlightning.served_model_name`` or the model path."""
-    return str(config.agentlightning.get("served_model_name") or config.actor_rollout_ref.model.path)
+    return gateway_model_name(config)
 
 
 def build_trainer(
@@ -88,8 +88,30 @@ def build_trainer(
         val_dataset=val,
         weight_pusher=weight_pusher or default_weight_pusher(config, settings.external_endpoints),
     )
-    trainer.init_workers()
+    try:
+        trainer.init_workers()
+    except BaseException:
+        trainer.shutdown()
+        raise
     return trainer
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_ppo`, after every worker and replica it started was stopped.
+
+    ``step`` is the trainer's step when it was interrupted; ``checkpoint`` the newest checkpoint
+    folder under ``trainer.default_local_dir`` (None when none was saved).
+    """
+
+    def __init__(self, step: int, checkpoint: str | None) -> None:
+        super().__init__(step, checkpoint)
+        self.step = step
+        self.checkpoint = checkpoint
+
+    def summary(self) -> str:
+        """One line for the user: the step reached and where training can resume from."""
+        where = f"last checkpoint {self.checkpoint}" if self.checkpoint else "no checkpoint saved"
+        return f"agl-trainer: interrupted at step {self.step}; {where}"
 
 
 def run_ppo(
@@ -99,10 +121,31 @@ def run_ppo(
     *,
     weight_pusher: WeightPusher | None = None,
 ) -> AglRayPPOTrainer:
-    """Train on in-memory rows (each row becomes a rollout's ``input``); return the trainer."""
+    """Train on in-memory rows (each row becomes a rollout's ``input``); return the trainer.
+
+    On every exit (success, error, Ctrl-C) the trainer's workers, verl's replicas and its server
+    client are stopped first; Ctrl-C then raises :class:`TrainingInterrupted`.
+    """
     trainer = build_trainer(config, train_dataset, val_dataset, weight_pusher=weight_pusher)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except KeyboardInterrupt as interrupt:
+        raise TrainingInterrupted(trainer.global_steps, latest_checkpoint(config)) from interrupt
+    finally:
+        trainer.shutdown()
     return trainer
+
+
+def latest_checkpoint(config: DictConfig) -> str | None:
+    """The newest ``global_step_N`` folder verl recorded under ``trainer.default_local_dir``, or None."""
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+    root = Path(str(config.trainer.default_local_dir)).expanduser().absolute()
+    tracker = Path(get_checkpoint_tracker_filename(str(root)))
+    if not tracker.is_file():
+        return None
+    folder = root / f"global_step_{int(tracker.read_text().strip())}"
+    return str(folder) if folder.is_dir() else None
 
 
 PRODUCTION_REQUIRED_KEYS = (
@@ -187,10 +230,12 @@ def run_from_files(overrides: Sequence[str]) -> AglRayPPOTrainer:
 __all__ = (
     "CONFIG_DIR",
     "PRODUCTION_REQUIRED_KEYS",
+    "TrainingInterrupted",
     "build_trainer",
     "compose_config",
     "default_weight_pusher",
     "init_ray",
+    "latest_checkpoint",
     "load_rows",
     "production_config",
     "run_from_files",

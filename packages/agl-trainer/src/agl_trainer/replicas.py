@@ -11,12 +11,27 @@ Needs GPUs and verl's vLLM extra; ``scripts/gpu-smoke.sh`` runs two steps of it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import ray
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
+from agl_trainer.settings import gateway_model_name
 from agl_trainer.workers import PolicyWorkers
+
+
+def replica_config(config: DictConfig) -> DictConfig:
+    """``config`` with the replicas told to answer to the gateway's model name.
+
+    The gateway rewrites each call's ``model`` to :func:`gateway_model_name`; without
+    ``--served-model-name`` vLLM answers only to the model path it loaded, so any other name would
+    make every call a 404. verl forwards ``rollout.engine_kwargs.vllm.*`` to vLLM's command line.
+    """
+    replicas = copy.deepcopy(config)
+    with open_dict(replicas):
+        replicas.actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name = gateway_model_name(config)
+    return replicas
 
 
 class VerlReplicas:
@@ -44,7 +59,7 @@ class VerlReplicas:
         # verl's auto_await runs these coroutine methods to completion when called without await;
         # type checkers see coroutines, hence Any.
         servers: Any = LLMServerManager.create(
-            config=config, worker_group=workers.actor, rollout_resource_pool=workers.pool
+            config=replica_config(config), worker_group=workers.actor, rollout_resource_pool=workers.pool
         )
         checkpoints: Any = CheckpointEngineManager(
             config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine),
@@ -80,9 +95,14 @@ class VerlReplicas:
         return {**numeric, "training/weight_version": float(version)}
 
     def shutdown(self) -> None:
-        """Stop the replicas' server actors (the actor workers are stopped with their group)."""
-        for handle in self._servers.server_handles:
-            ray.kill(handle)
+        """Stop every server actor of every replica (one per node it spans) and verl's load balancer.
+
+        The actor workers, which host the replicas' engines, are stopped with their group.
+        """
+        for replica in self._servers.get_replicas():
+            for handle in replica.servers:
+                ray.kill(handle)
+        ray.kill(self._servers.global_load_balancer)
 
 
-__all__ = ("VerlReplicas",)
+__all__ = ("VerlReplicas", "replica_config")

@@ -13,6 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
 PER_ROLLOUT_MEAN = "per_rollout_mean"
+PROCESSED_LOGPROBS = "processed_logprobs"
+GPU_ROLLOUT_BACKENDS = ("vllm", "sglang", "trtllm")
+"""verl's rollout backends, all of which need GPUs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,12 +139,11 @@ def validate_config(config: DictConfig) -> AglSettings:
         raise ValueError(
             f"agentlightning.rollout_timeout_seconds must be > 0, got {settings.rollout_timeout_seconds}"
         )
-    if settings.uses_verl_replicas and str(config.trainer.device) == "cpu":
-        raise ValueError(
-            "agentlightning.external_servers.endpoints is empty, so agl would start verl's vLLM replicas, "
-            "which need GPUs; with trainer.device=cpu give the OpenAI base URL of a CPU vLLM server "
-            "(e.g. agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1])"
-        )
+    if settings.uses_verl_replicas:
+        _check_replicas_can_run_on_device(config)
+        _check_replica_parallelism(config)
+        _check_logprobs_mode(config)
+        _check_replica_model_name(config)
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
     return settings
 
@@ -173,6 +175,67 @@ def _check_fully_async(settings: AglSettings) -> None:
         )
 
 
+def gateway_model_name(config: DictConfig) -> str:
+    """The model name agents ask for and the gateway rewrites every call to:
+    ``agentlightning.served_model_name``, or ``actor_rollout_ref.model.path`` when that is null."""
+    return str(config.agentlightning.get("served_model_name") or config.actor_rollout_ref.model.path)
+
+
+def _check_replicas_can_run_on_device(config: DictConfig) -> None:
+    backend = str(config.actor_rollout_ref.rollout.name)
+    if backend in GPU_ROLLOUT_BACKENDS and str(config.trainer.device) == "cpu":
+        raise ValueError(
+            f"agentlightning.external_servers.endpoints is empty, so agl would start verl's {backend} replicas "
+            "(actor_rollout_ref.rollout.name), which need GPUs; with trainer.device=cpu give the OpenAI base "
+            "URL of a CPU vLLM server (e.g. agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1])"
+        )
+
+
+def _check_replica_parallelism(config: DictConfig) -> None:
+    """verl's replicas must tile the actor's GPUs: a replica of tp x dp x pp GPUs sits within one node
+    (a divisor of its GPUs) or spans whole nodes. verl itself finds out with a bare assert in every
+    worker, after the model is loaded."""
+    rollout, trainer = config.actor_rollout_ref.rollout, config.trainer
+    tp = int(rollout.tensor_model_parallel_size)
+    per_replica = tp * int(rollout.data_parallel_size) * int(rollout.pipeline_model_parallel_size)
+    per_node, nodes = int(trainer.n_gpus_per_node), int(trainer.nnodes)
+    if per_replica <= per_node:
+        fits = per_node % per_replica == 0
+    else:
+        fits = per_replica % per_node == 0 and nodes % (per_replica // per_node) == 0
+    if not fits:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} gives vLLM replicas of {per_replica} GPUs "
+            f"(x data_parallel_size x pipeline_model_parallel_size), which do not tile trainer.n_gpus_per_node="
+            f"{per_node} x trainer.nnodes={nodes}; set actor_rollout_ref.rollout.tensor_model_parallel_size to "
+            f"a divisor of {per_node} (1 runs on any GPU count)"
+        )
+
+
+def _check_logprobs_mode(config: DictConfig) -> None:
+    mode = str(config.actor_rollout_ref.rollout.logprobs_mode)
+    if mode != PROCESSED_LOGPROBS:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.logprobs_mode={mode!r}: the replicas would record log-probs that differ "
+            "from the actor's log_softmax(logits / temperature) whenever temperature != 1, and importance "
+            f"sampling compares the two; set actor_rollout_ref.rollout.logprobs_mode={PROCESSED_LOGPROBS}"
+        )
+
+
+def _check_replica_model_name(config: DictConfig) -> None:
+    engine_kwargs: Any = OmegaConf.select(
+        config, "actor_rollout_ref.rollout.engine_kwargs.vllm", default=None
+    )
+    chosen = engine_kwargs.get("served_model_name") if engine_kwargs else None
+    expected = gateway_model_name(config)
+    if chosen is not None and str(chosen) != expected:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name={chosen!r}, but the gateway sends "
+            f"every call as model {expected!r} (agentlightning.served_model_name, else the model path), so "
+            "every call would be a 404; drop the engine_kwargs key (agl sets it) or make the two names equal"
+        )
+
+
 def _check_loss_mode_registered(loss_mode: str) -> None:
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
@@ -187,4 +250,12 @@ def _check_loss_mode_registered(loss_mode: str) -> None:
         )
 
 
-__all__ = ("PER_ROLLOUT_MEAN", "TRACE_AGGREGATOR_LEVELS", "AglSettings", "validate_config")
+__all__ = (
+    "GPU_ROLLOUT_BACKENDS",
+    "PER_ROLLOUT_MEAN",
+    "PROCESSED_LOGPROBS",
+    "TRACE_AGGREGATOR_LEVELS",
+    "AglSettings",
+    "gateway_model_name",
+    "validate_config",
+)

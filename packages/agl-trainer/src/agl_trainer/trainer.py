@@ -35,7 +35,7 @@ from agl_trainer.datasets import collate_rows
 from agl_trainer.publisher import Publisher
 from agl_trainer.replicas import VerlReplicas
 from agl_trainer.run_state import RunState, checkpoint_folder
-from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, validate_config
+from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, gateway_model_name, validate_config
 from agl_trainer.weights import NoWeightPush, WeightPusher
 from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
 from agl_types import CompletedRollout
@@ -81,8 +81,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
         hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
         self.weight_version = 0
-        model = str(config.agentlightning.get("served_model_name") or config.actor_rollout_ref.model.path)
-        registrations = registrations_for(model, self.endpoints, lambda: self.weight_version)
+        registrations = registrations_for(
+            gateway_model_name(config), self.endpoints, lambda: self.weight_version
+        )
         data = config.data
         self.collection = Collection(
             self.client,

