@@ -26,16 +26,22 @@ def model_registrations(model: str, endpoints: Iterable[str], *, version: int) -
 
 
 def pause_and_drain(
-    client: AglClient, reason: str, *, poll_interval: float = 0.25, timeout_s: float = 600.0
+    client: AglClient,
+    reason: str,
+    *,
+    poll_interval: float = 0.25,
+    timeout_s: float = 600.0,
+    retry_after_seconds: int = 5,
 ) -> dict[str, float]:
     """Pause the gateway and wait until no proxied model call is in flight.
 
-    Agents asking for new calls meanwhile get 429 with ``Retry-After``; the gateway stays
-    paused until :meth:`AglClient.resume`. Raises ``TimeoutError`` when calls are still in
-    flight after ``timeout_s``, so a stuck upstream never hangs the trainer.
+    Agents asking for new calls meanwhile get 429 with ``Retry-After: retry_after_seconds``; the
+    gateway stays paused until :meth:`AglClient.resume` (a short pause, such as a weight reload,
+    wants a short retry). Raises ``TimeoutError`` when calls are still in flight after
+    ``timeout_s``, so a stuck upstream never hangs the trainer.
     """
     started = time.perf_counter()
-    inflight_at_pause = client.pause(reason).inflight
+    inflight_at_pause = client.pause(reason, retry_after_seconds=retry_after_seconds).inflight
     inflight = inflight_at_pause
     while inflight > 0:
         waited = time.perf_counter() - started

@@ -43,7 +43,14 @@ class Publisher:
             self.published = version
             return metrics
         started = time.perf_counter()
-        drain = pause_and_drain(self.client, f"publish weights v{version}", timeout_s=self.drain_timeout_s)
+        # Agents asking meanwhile retry after 1 s (the gateway's smallest Retry-After): a reload is short.
+        drain = pause_and_drain(
+            self.client,
+            f"publish weights v{version}",
+            poll_interval=0.02,
+            timeout_s=self.drain_timeout_s,
+            retry_after_seconds=1,
+        )
         try:
             metrics = self.pusher.push(workers, version)
             self.published = version
