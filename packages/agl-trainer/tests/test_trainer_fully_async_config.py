@@ -1,0 +1,60 @@
+"""Start-up validation of the fully-async keys: each invalid combination names its key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl")
+
+from agl_trainer.entrypoint import compose_config
+from agl_trainer.settings import validate_config
+
+pytestmark = pytest.mark.verl
+
+EXTERNAL = "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]"
+ON = "agentlightning.fully_async.enabled=true"
+
+
+def test_fully_async_defaults_bound_staleness_at_one_and_drop() -> None:
+    settings = validate_config(compose_config([ON, EXTERNAL]))
+    assert (settings.fully_async, settings.max_staleness, settings.stale_strategy) == (True, 1, "drop")
+    assert settings.max_groups_in_flight is None
+
+
+def test_a_null_bound_means_no_bound() -> None:
+    assert (
+        validate_config(
+            compose_config([ON, EXTERNAL, "agentlightning.fully_async.max_staleness=null"])
+        ).max_staleness
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [
+                "agentlightning.async_rollout.enabled=true",
+                "agentlightning.async_rollout.async_train_batch_size=2048",
+            ],
+            "agentlightning.fully_async.enabled=true and agentlightning.async_rollout.enabled=true",
+        ),
+        (
+            ["agentlightning.fully_async.max_staleness=-1"],
+            "agentlightning.fully_async.max_staleness must be null",
+        ),
+        (
+            ["agentlightning.fully_async.stale_strategy=wait"],
+            "agentlightning.fully_async.stale_strategy is 'wait'",
+        ),
+    ],
+)
+def test_an_invalid_fully_async_config_names_its_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_config(compose_config([ON, EXTERNAL, *overrides]))
+
+
+def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_key() -> None:
+    with pytest.raises(ValueError, match=r"keep serving during the update, but agentlightning\.external_servers\.endpoints is empty"):
+        validate_config(compose_config([ON, "trainer.device=cuda"]))
