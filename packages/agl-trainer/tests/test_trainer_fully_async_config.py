@@ -56,5 +56,8 @@ def test_an_invalid_fully_async_config_names_its_key(overrides: list[str], messa
 
 
 def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_key() -> None:
-    with pytest.raises(ValueError, match=r"keep serving during the update, but agentlightning\.external_servers\.endpoints is empty"):
+    with pytest.raises(
+        ValueError,
+        match=r"keep serving during the update, but agentlightning\.external_servers\.endpoints is empty",
+    ):
         validate_config(compose_config([ON, "trainer.device=cuda"]))
