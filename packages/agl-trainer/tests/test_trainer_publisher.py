@@ -4,13 +4,20 @@ gateway resumes; in the sync modes it pushes alone (the gateway is already pause
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
 from typing import Any
 
+import httpx
 import pytest
 
 from agl_rollout import AglClient, model_registrations
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_rollout.queueing import rollout_request
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_trainer.publisher import Publisher
+from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 
@@ -89,3 +96,82 @@ def test_sync_mode_publish_is_the_push_alone(fresh_agl_server: AglServerProcess)
         assert not client.proxy_state().paused
     assert pusher.pushes == [(0, False, 0), (1, False, 0)]
     assert metrics == {"training/weight_version": 1.0}
+
+
+class SlowModelServerStandIn:
+    """An OpenAI completions endpoint that answers after ``delay_s`` (a stand-in for a vLLM server
+    in the middle of a long generation, which the tiny model cannot be made to take). ``received``
+    is set when a request arrives."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.received = threading.Event()
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                stand_in.received.set()
+                time.sleep(delay_s)
+                body = json.dumps(
+                    {"choices": [{"text": "7", "token_ids": [7], "logprobs": {"token_logprobs": [-0.5]}}]}
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _call_through_gateway(server: AglServerProcess, rollout_id: str) -> int:
+    url = f"{server.url}/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1/completions"
+    reply = httpx.post(
+        url,
+        json={"model": "m", "prompt": [1, 2], "max_tokens": 1},
+        headers={"Authorization": f"Bearer {TEST_KEY}"},
+    )
+    return reply.status_code
+
+
+def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_the_version_that_served_it(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    upstream = SlowModelServerStandIn(delay_s=1.0)
+    version = [0]
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        pusher = GatewayObservingPusher(client)
+        registrations = lambda: model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=version[0])  # noqa: E731
+        publisher = Publisher(client, pusher, registrations, fully_async=True, drain_timeout_s=30.0)
+        publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
+        client.register_models(registrations())
+        client.resume()
+        client.create_rollouts(
+            [rollout_request({"x": 1}, is_train=True, rollout_config=RolloutConfig(), rollout_id="r1")]
+        )
+        client.patch_rollout_status("r1", RolloutStatusPatch(state=RolloutState.RUNNING, last_attempt_id="0"))
+        statuses: list[int] = []
+        in_flight = threading.Thread(
+            target=lambda: statuses.append(_call_through_gateway(fresh_agl_server, "r1"))
+        )
+        in_flight.start()
+        assert upstream.received.wait(timeout=30), f"the call never reached the model server: {statuses}"
+        version[0] = 1
+        metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
+        in_flight.join(timeout=30)
+        statuses.append(_call_through_gateway(fresh_agl_server, "r1"))  # a call after the publish
+        events = client.get_events("r1", event_type="model_request")
+    upstream.close()
+    assert statuses == [200, 200]
+    assert metrics["training/async/proxy_inflight_at_pause"] == 1.0  # the slow call was in flight
+    assert pusher.pushes[-1] == (1, True, 0)  # and had finished before the weights changed
+    assert [event.data["server"]["version"] for event in events] == [0, 1]
