@@ -14,14 +14,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("verl")
+from agl_testing.requirements import TOKEN_SUM_REASON, import_optional, skip_unless
 
-from verl import DataProto
-from verl.trainer.ppo import core_algos
-from verl.workers.config import FSDPActorConfig
+import_optional("verl")
 
-import agl_algos.verl as agl_verl
-from agl_algos import (
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+
+import agl_algos.verl as agl_verl  # noqa: E402
+from agl_algos import (  # noqa: E402
     MissingFieldError,
     RemaxNotSupportedError,
     RolloutConsistencyError,
@@ -29,7 +31,7 @@ from agl_algos import (
     compute_rollout_level_advantage,
     normalize_advantages_by_rollout,
 )
-from agl_algos.verl import _compat
+from agl_algos.verl import _compat  # noqa: E402
 
 pytestmark = pytest.mark.verl
 
@@ -167,7 +169,7 @@ def test_loss_equals_verl_vanilla_token_mean_over_one_global_token_scaled_by_dp(
     assert_loss_equals_vanilla(loss_inputs(seed), config, their_mode="token-mean")
 
 
-@pytest.mark.skipif(not verl_has_token_sum(), reason="verl's agg_loss has token-sum from 0.9")
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
 def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(

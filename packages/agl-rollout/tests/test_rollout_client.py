@@ -20,14 +20,24 @@ from agl_types import EventCreate, RolloutCreate, RolloutState, RolloutStatusPat
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 
+_issued: list[str] = []
+
+
 def _request(**kw: object) -> RolloutCreate:
-    return RolloutCreate.model_validate({"input": {"q": 1}, "rollout_id": uuid.uuid4().hex, **kw})
+    """A create request with a fresh id, deleted from the server when the test ends."""
+    request = RolloutCreate.model_validate({"input": {"q": 1}, "rollout_id": uuid.uuid4().hex, **kw})
+    assert request.rollout_id is not None
+    _issued.append(request.rollout_id)
+    return request
 
 
 @pytest.fixture
 def client(agl_server: AglServerProcess) -> Iterator[AglClient]:
     with AglClient(agl_server.url, TEST_KEY) as c:
         yield c
+        for rid in _issued:
+            c.delete_rollout(rid)  # idempotent: a rollout the test deleted itself is a no-op
+        _issued.clear()
 
 
 def test_create_with_the_same_ids_twice_creates_each_rollout_once(client: AglClient) -> None:
@@ -40,7 +50,7 @@ def test_create_with_the_same_ids_twice_creates_each_rollout_once(client: AglCli
 
 
 def test_create_with_null_input_is_accepted(client: AglClient) -> None:
-    [rollout] = client.create_rollouts([RolloutCreate(input=None, rollout_id=uuid.uuid4().hex)])
+    [rollout] = client.create_rollouts([_request(input=None)])
     assert rollout.input is None
 
 

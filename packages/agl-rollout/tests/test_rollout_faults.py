@@ -63,7 +63,9 @@ def test_server_restart_during_a_wait_raises_a_clear_error(fresh_agl_server: Agl
     config = RolloutManagerConfig(poll_interval_seconds=0.05, rollout_timeout_seconds=120.0)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY, retry=FAST_RETRY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+        FakeAgents(  # the server goes away under its polls on purpose
+            fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
+        ),
     ):
         restarter.start()
         with pytest.raises(RolloutsLostError, match="vanished from agl-server") as info:
@@ -79,7 +81,9 @@ def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_dead
     config = RolloutManagerConfig(poll_interval_seconds=0.05)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY, retry=retry) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+        FakeAgents(  # the server goes away under its polls on purpose
+            fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
+        ),
     ):
         threading.Timer(0.3, fresh_agl_server.stop).start()
         with pytest.raises(AglServerError, match="check that agl-server is running"):

@@ -11,6 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
+from agl_trainer import tiny_model
 from agl_trainer.local import AgentContext, Completion, DigitToolTask
 from agl_trainer.local.toy_task import (
     PROMPTS,
@@ -21,8 +22,6 @@ from agl_trainer.local.toy_task import (
     is_digit_text,
     is_upper_text,
 )
-
-tiny_model = pytest.importorskip("agl_trainer.tiny_model")
 
 
 @pytest.fixture(scope="module")
