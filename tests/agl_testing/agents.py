@@ -46,11 +46,13 @@ Malformed = Literal["error_status", "no_response_tokens", "bad_log_probs", "non_
 class AgentBehaviour:
     """What one fake agent does with its rollout.
 
-        ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
-        would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
-        listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
-    one group can differ); ``never_finish`` leaves the rollout RUNNING and
-        ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
+    ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
+    would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
+    listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
+    one group can differ); ``never_finish`` leaves the rollout RUNNING and ``never_start`` leaves
+    it QUEUING; ``weight_version`` is what the fake proxy records; ``wait_for``, when given, holds
+    the rollout RUNNING until the test sets that event (after ``delay_s``; an event not set within
+    120 s is an agent error), so a test orders things by events rather than by sleeps.
     """
 
     delay_s: float = 0.0
@@ -60,7 +62,10 @@ class AgentBehaviour:
     malformed: tuple[Malformed, ...] = ()
     weight_version: int = 0
     token_shift: int = 0
+    wait_for: threading.Event | None = None
 
+
+_WAIT_FOR_LIMIT_S = 120.0
 
 Behaviour = AgentBehaviour | Callable[[dict[str, Any]], AgentBehaviour]
 
@@ -219,6 +224,8 @@ class FakeAgents:
         try:
             if self._stop.wait(behaviour.delay_s) or behaviour.outcome == "never_finish":
                 return
+            if behaviour.wait_for is not None and not self._wait_for(behaviour.wait_for):
+                return
             for event_type, data in self._events(behaviour):
                 self._post(rid, event_type, data)
             final = "succeeded" if behaviour.outcome == "succeeded" else "failed"
@@ -231,6 +238,18 @@ class FakeAgents:
         except Exception:
             self._record_error(rid)
             self._fail_on_server(rid, "the fake agent raised")
+
+    def _wait_for(self, event: threading.Event) -> bool:
+        """Wait for the test's event; ``False`` when the pool stops first. Raises after the limit."""
+        deadline = time.monotonic() + _WAIT_FOR_LIMIT_S
+        while not event.wait(0.05):
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the test did not set the agent's wait_for event within {_WAIT_FOR_LIMIT_S} s"
+                )
+        return True
 
     def _events(self, behaviour: AgentBehaviour) -> list[tuple[str, dict[str, Any]]]:
         events: list[tuple[str, dict[str, Any]]] = []
