@@ -124,8 +124,15 @@ def test_seven_rewards_of_0_7_get_0_in_ours_and_0_056_in_verls_float32() -> None
     ours = compute_rollout_level_advantage(rewards, mask, ids, ["g"] * 7).advantages
     theirs, _ = core_algos.compute_grpo_outcome_advantage(rewards, mask, np.array(["g"] * 7, dtype=object))
     assert ours.flatten().tolist() == [0.0] * 14
-    # float32 mean of seven 0.7 misses 0.7 by 5.96e-8; divided by (std 0 + 1e-6) that is 0.056
-    assert theirs.flatten().tolist() == pytest.approx([0.0559994] * 14, abs=1e-7)
+    # GRPO's (score - mean) / (std + eps) in float32, as verl computes it: float32 rounding makes
+    # the mean miss 0.7 and the (unbiased) std come out about 6.4e-8 rather than 0.
+    scores = torch.full((7,), 0.7)
+    mean, std = scores.mean(), scores.std()
+    assert 0.0 < std.item() < 1e-7
+    expected = ((scores - mean) / (std + 1e-6)).tolist()
+    assert expected[0] > 0.05  # far from the 0 exact arithmetic gives, as ours does
+    assert theirs[:, 0].tolist() == expected
+    assert theirs[:, 1].tolist() == expected
 
 
 def loss_inputs(seed: int) -> tuple[torch.Tensor, ...]:
