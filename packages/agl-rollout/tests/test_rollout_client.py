@@ -193,9 +193,14 @@ def test_model_calls_during_reregistration_never_find_the_model_missing(
         caller.start()
         for version in range(1, 31):
             client.register_models(model_registrations(TEST_MODEL_NAME, live, version=version))
-            time.sleep(0.01)
+            # Each re-registration is followed by at least one whole call (not a 10 ms window).
+            n_calls = len(statuses)
+            deadline = time.monotonic() + 30
+            while len(statuses) <= n_calls:
+                assert time.monotonic() < deadline, f"no model call completed after version {version}"
+                time.sleep(0.005)
         done.set()
-        caller.join()
+        caller.join(timeout=60)
         last = client.get_events(r.rollout_id, triplet=True)[-1].data["server"]["version"]
     assert statuses and set(statuses) == {200}
     assert last == 30
@@ -212,7 +217,9 @@ def test_pause_and_drain_returns_metrics_and_times_out_while_a_call_is_in_flight
         [r] = client.create_rollouts([_request()])
         call = threading.Thread(target=_proxy_call, args=(fresh_agl_server.url, r.rollout_id))
         call.start()
+        deadline = time.monotonic() + 30
         while client.proxy_state().inflight == 0:
+            assert time.monotonic() < deadline, "the call never reached the gateway"
             time.sleep(0.02)
         with pytest.raises(TimeoutError, match="1 model call"):
             pause_and_drain(client, "step 1", poll_interval=0.05, timeout_s=0.2)
