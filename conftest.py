@@ -1,3 +1,13 @@
-"""Root conftest: makes the shared fixtures of ``tests/agl_testing`` available to every package."""
+"""Root conftest: loaded by every pass of the test command (the workspace and each package's
+own venv). It makes the shared fixtures of ``tests/agl_testing`` available to every package and
+loads the plugin that selects the Hypothesis profile and gates skips under ``CI=true``."""
 
-pytest_plugins = ("agl_testing.agl_server",)
+import os
+
+# Under `uv run pytest`, Ray (>= 2.47) would start every worker with `uv run` inside a copy of
+# the project that has no venv (the .gitignore'd .venv is not copied), and the workers die with
+# "No module named 'ray'". Ray reads this when it is imported, so it is set before any test
+# module imports it; agl_trainer.workers sets the same for the workers' own children.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+pytest_plugins = ("agl_testing.agl_server", "agl_testing.ci_gate")

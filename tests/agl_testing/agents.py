@@ -6,6 +6,14 @@ worker thread, waits the behaviour's delay, posts ``model_request`` events shape
 gateway proxy records them plus a ``reward`` event, and PATCHes the final state. What each
 rollout does is an :class:`AgentBehaviour`, fixed or chosen per rollout from its JSON.
 
+A pool claims only its own test's rollouts: those the server created at or after ``since``
+(by default the moment the pool was made), so a rollout another test left on a shared server
+is never touched. Anything that goes wrong in an agent (an exception in the behaviour, an
+HTTP error) is recorded with its traceback, fails the rollout on the server at once (so the
+wait ends instead of timing out) and is raised as :class:`FakeAgentError` when the pool stops,
+which fails the test that used it; pass ``check_errors=False`` where a test breaks the server
+on purpose.
+
 Only httpx and the standard library, so every package's tests (and the trainer's) can use it::
 
     with FakeAgents(server.url, behaviour=lambda r: AgentBehaviour(reward=float(r["input"]["x"]))):
@@ -14,8 +22,11 @@ Only httpx and the standard library, so every package's tests (and the trainer's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,11 +46,13 @@ Malformed = Literal["error_status", "no_response_tokens", "bad_log_probs", "non_
 class AgentBehaviour:
     """What one fake agent does with its rollout.
 
-        ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
-        would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
-        listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
-    one group can differ); ``never_finish`` leaves the rollout RUNNING and
-        ``never_start`` leaves it QUEUING; ``weight_version`` is what the fake proxy records.
+    ``turns`` model calls, each prompt extending the previous context (as a multi-turn agent's
+    would); ``reward=None`` posts no reward; ``malformed`` adds one unusable event of each kind
+    listed (on top of the valid ones); ``token_shift`` offsets the response ids (so rollouts of
+    one group can differ); ``never_finish`` leaves the rollout RUNNING and ``never_start`` leaves
+    it QUEUING; ``weight_version`` is what the fake proxy records; ``wait_for``, when given, holds
+    the rollout RUNNING until the test sets that event (after ``delay_s``; an event not set within
+    120 s is an agent error), so a test orders things by events rather than by sleeps.
     """
 
     delay_s: float = 0.0
@@ -49,7 +62,10 @@ class AgentBehaviour:
     malformed: tuple[Malformed, ...] = ()
     weight_version: int = 0
     token_shift: int = 0
+    wait_for: threading.Event | None = None
 
+
+_WAIT_FOR_LIMIT_S = 120.0
 
 Behaviour = AgentBehaviour | Callable[[dict[str, Any]], AgentBehaviour]
 
@@ -99,6 +115,10 @@ def _malformed_event(kind: Malformed, k: int, version: int) -> tuple[str, dict[s
     return "reward", {"value": "high"}
 
 
+class FakeAgentError(AssertionError):
+    """Something went wrong inside a fake agent; the message holds every traceback."""
+
+
 @dataclass
 class AgentStats:
     claimed: list[str] = field(default_factory=list[str])
@@ -117,8 +137,13 @@ class FakeAgents:
         key: str = TEST_KEY,
         workers: int = 8,
         poll_interval_s: float = 0.02,
+        since: float | None = None,
+        check_errors: bool = True,
     ) -> None:
         self._behaviour: Behaviour = behaviour or AgentBehaviour()
+        # The server stamps ``created_at`` with time.time() on this same machine.
+        self.since = time.time() if since is None else since
+        self._check_errors = check_errors
         self._http = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=10.0)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fake-agent")
         self._poll_interval_s = poll_interval_s
@@ -133,16 +158,31 @@ class FakeAgents:
         return self
 
     def stop(self) -> None:
+        """Stop claiming, let the claimed rollouts' agents finish, and raise what went wrong."""
+        self._shutdown()
+        if self._check_errors and self.stats.errors:
+            raise FakeAgentError(self._error_report())
+
+    def _shutdown(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._http.close()
 
+    def _error_report(self) -> str:
+        return f"{len(self.stats.errors)} fake agent error(s):\n" + "\n".join(self.stats.errors)
+
     def __enter__(self) -> FakeAgents:
         return self.start()
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.stop()
+            return
+        # The test already failed: keep its exception, with the agents' tracebacks attached.
+        self._shutdown()
+        if self.stats.errors:
+            exc.add_note(self._error_report())
 
     def _behaviour_for(self, rollout: dict[str, Any]) -> AgentBehaviour:
         return self._behaviour if isinstance(self._behaviour, AgentBehaviour) else self._behaviour(rollout)
@@ -151,8 +191,8 @@ class FakeAgents:
         while not self._stop.is_set():
             try:
                 self._claim_queued()
-            except httpx.HTTPError as exc:
-                self._record_error(f"poll: {exc!r}")
+            except Exception:
+                self._record_error("poll")
             self._stop.wait(self._poll_interval_s)
 
     def _claim_queued(self) -> None:
@@ -160,9 +200,15 @@ class FakeAgents:
         reply.raise_for_status()
         for rollout in reply.json():
             rid = rollout["rollout_id"]
-            if rid in self._left_queued:
+            if rid in self._left_queued or rollout["status"]["created_at"] < self.since:
                 continue
-            behaviour = self._behaviour_for(rollout)
+            try:
+                behaviour = self._behaviour_for(rollout)
+            except Exception:
+                self._record_error(f"{rid}: behaviour")
+                self._left_queued.add(rid)
+                self._fail_on_server(rid, "the fake agent's behaviour raised")
+                continue
             if behaviour.outcome == "never_start":
                 self._left_queued.add(rid)
                 continue
@@ -178,6 +224,8 @@ class FakeAgents:
         try:
             if self._stop.wait(behaviour.delay_s) or behaviour.outcome == "never_finish":
                 return
+            if behaviour.wait_for is not None and not self._wait_for(behaviour.wait_for):
+                return
             for event_type, data in self._events(behaviour):
                 self._post(rid, event_type, data)
             final = "succeeded" if behaviour.outcome == "succeeded" else "failed"
@@ -187,8 +235,21 @@ class FakeAgents:
             self._http.patch(f"/api/rollouts/{rid}", json={"status": patch}).raise_for_status()
             with self._lock:
                 self.stats.finished.append(rid)
-        except httpx.HTTPError as exc:
-            self._record_error(f"{rid}: {exc!r}")
+        except Exception:
+            self._record_error(rid)
+            self._fail_on_server(rid, "the fake agent raised")
+
+    def _wait_for(self, event: threading.Event) -> bool:
+        """Wait for the test's event; ``False`` when the pool stops first. Raises after the limit."""
+        deadline = time.monotonic() + _WAIT_FOR_LIMIT_S
+        while not event.wait(0.05):
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the test did not set the agent's wait_for event within {_WAIT_FOR_LIMIT_S} s"
+                )
+        return True
 
     def _events(self, behaviour: AgentBehaviour) -> list[tuple[str, dict[str, Any]]]:
         events: list[tuple[str, dict[str, Any]]] = []
@@ -215,7 +276,17 @@ class FakeAgents:
         )
         reply.raise_for_status()
 
-    def _record_error(self, message: str) -> None:
+    def _fail_on_server(self, rid: str, message: str) -> None:
+        """End the rollout so the test's wait returns now rather than at its timeout."""
+        # A server that is gone makes the wait fail on its own.
+        with contextlib.suppress(httpx.HTTPError):
+            self._http.patch(
+                f"/api/rollouts/{rid}", json={"status": {"state": "failed", "error_message": message}}
+            )
+
+    def _record_error(self, where: str) -> None:
+        """Record the exception being handled, with its traceback."""
+        message = f"{where}:\n{traceback.format_exc()}"
         logger.debug("fake agent error: %s", message)
         with self._lock:
             self.stats.errors.append(message)
@@ -225,6 +296,7 @@ __all__ = (
     "AgentBehaviour",
     "AgentStats",
     "Behaviour",
+    "FakeAgentError",
     "FakeAgents",
     "Malformed",
     "Outcome",

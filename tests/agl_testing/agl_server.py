@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from agl_testing.http import call
 from agl_testing.requirements import missing_requirement
 
+ROLLOUT_STATES = ("queuing", "running", "succeeded", "failed")
 TEST_KEY = "agl-test-key"
 TEST_MODEL_NAME = "agl-test-model"
 _STARTUP_TIMEOUT_S = 60.0
@@ -118,16 +120,30 @@ class AglServerProcess:
             proc.kill()
             proc.wait(timeout=10)
 
+    def rollout_ids(self) -> list[str]:
+        """Every rollout the server holds, in any state."""
+        query = "&".join(f"state_in={state}" for state in ROLLOUT_STATES)
+        reply = call("GET", f"{self.url}/api/rollouts?{query}&limit=100000", key=self.key)
+        assert reply.status == 200, f"listing rollouts answered {reply.status}: {reply.body}"
+        return [r["rollout_id"] for r in reply.body]
+
+    def delete_rollouts(self, rollout_ids: list[str]) -> None:
+        for rid in rollout_ids:
+            call("DELETE", f"{self.url}/api/rollouts/{rid}", key=self.key)
+
     def restart(self) -> None:
         """Stop and start again on the same port: the in-memory store comes back empty."""
         self.stop()
         self.start()
 
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + _STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise RuntimeError(f"agl-server exited with {self._proc.returncode}:\n{self._log_tail()}")
+                raise RuntimeError(f"agl-server exited with {self._proc.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as resp:
                     if resp.status == 200:
@@ -136,22 +152,49 @@ class AglServerProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"agl-server not healthy after {_STARTUP_TIMEOUT_S:.0f} s:\n{self._log_tail()}")
+        raise RuntimeError(f"agl-server not healthy after {_STARTUP_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
 
-    def _log_tail(self, lines: int = 40) -> str:
+    def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")
-def agl_server() -> Iterator[AglServerProcess]:
-    """One real server for the whole session; tests use their own rollout ids."""
+def shared_agl_server_process() -> Iterator[AglServerProcess]:
+    """The one server process shared by the session; tests take it through ``agl_server``."""
     require_agl_server()
     server = AglServerProcess()
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def agl_server(shared_agl_server_process: AglServerProcess) -> Iterator[AglServerProcess]:
+    """The session's shared server, handed to one test at a time: it starts empty and the test
+    must leave it empty (delete what it created), so no test ever sees another's rollouts. A
+    test that leaves rollouts behind fails at teardown, and they are deleted for the next."""
+    server = shared_agl_server_process
+    assert server.is_running(), f"the shared agl-server died:\n{server.log_tail()}"
+    if stale := server.rollout_ids():
+        server.delete_rollouts(stale)
+        pytest.fail(
+            f"{len(stale)} rollout(s) appeared on the shared agl-server after the previous test's "
+            f"teardown (a thread of an earlier test still creating them?): {stale[:10]}"
+        )
+    yield server
+    left = server.rollout_ids()
+    paused = call("GET", f"{server.url}/proxy/state", key=server.key).body.get("paused")
+    if left:
+        server.delete_rollouts(left)
+    if paused:
+        call("POST", f"{server.url}/proxy/resume", key=server.key)
+    if left or paused:
+        pytest.fail(
+            f"the test left the shared agl-server dirty: {len(left)} rollout(s) {left[:10]}, "
+            f"gateway {'paused' if paused else 'not paused'}"
+        )
 
 
 @pytest.fixture

@@ -14,17 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
+import torch
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-import torch  # noqa: E402
-
-from agl_rollout import AglClient  # noqa: E402
-from agl_testing.requirements import missing_requirement  # noqa: E402
-from agl_trainer.demo import DEMO_OVERRIDES  # noqa: E402
-from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
-from agl_trainer.local import (  # noqa: E402
+from agl_rollout import AglClient
+from agl_testing.requirements import missing_requirement
+from agl_trainer.demo import DEMO_OVERRIDES
+from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.local import (
     DEFAULT_SERVED_MODEL,
     AgentContext,
     AglServer,
@@ -41,9 +38,9 @@ from agl_trainer.local import (  # noqa: E402
     start_vllm,
     vllm_cpu_spec,
 )
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
-from agl_types import CompletedRollout, RolloutState, Triplet  # noqa: E402
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.trainer import AglRayPPOTrainer
+from agl_types import CompletedRollout, RolloutState, Triplet
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from agl_adapter import RolloutAdapter
+from agl_testing.requirements import import_optional
 from agl_types import CompletedRollout, RolloutState, Triplet
 
-verl = pytest.importorskip("verl")
+verl = import_optional("verl")
 pytestmark = pytest.mark.verl
 
 from verl import DataProto  # noqa: E402

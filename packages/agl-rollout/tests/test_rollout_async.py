@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,23 +46,26 @@ def _groups(completed: list[CompletedRollout]) -> dict[str, list[int]]:
     return groups
 
 
-def _slow_first(r: dict[str, Any]) -> AgentBehaviour:
-    return AgentBehaviour(delay_s=1.0 if r["input"]["x"] == 0 else 0.0)
+def _x0_waits_for(release: threading.Event) -> Callable[[dict[str, Any]], AgentBehaviour]:
+    """x=0's rollouts stay RUNNING until the test sets ``release``; every other finishes at once."""
+    return lambda r: AgentBehaviour(wait_for=release if r["input"]["x"] == 0 else None)
 
 
 def test_slow_groups_carry_over_whole_and_shortfall_only_is_enqueued(
     fresh_agl_server: AglServerProcess,
 ) -> None:
     hooks = CountingHooks()
+    x0_may_finish = threading.Event()
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=_slow_first) as agents,
+        FakeAgents(fresh_agl_server.url, behaviour=_x0_waits_for(x0_may_finish)) as agents,
     ):
         manager = AsyncRolloutManager(
             client, CONFIG, train_batch_size=2, async_train_batch_size=4, hooks=hooks
         )
         assert manager.shortfall() == 4
         step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+        x0_may_finish.set()
         shortfall = manager.shortfall()
         step2 = manager.enqueue_and_wait_until_group_completed(_samples(4, shortfall), step=2)
         step3 = manager.enqueue_and_wait_until_group_completed(_samples(10, manager.shortfall()), step=3)
@@ -103,12 +108,14 @@ def test_complete_groups_beyond_the_need_are_kept_for_the_next_step(
 
 
 def test_carried_state_survives_a_json_round_trip_and_resumes(fresh_agl_server: AglServerProcess) -> None:
+    x0_may_finish = threading.Event()
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=_slow_first) as agents,
+        FakeAgents(fresh_agl_server.url, behaviour=_x0_waits_for(x0_may_finish)) as agents,
     ):
         manager = AsyncRolloutManager(client, CONFIG, train_batch_size=2, async_train_batch_size=4)
         step1 = manager.enqueue_and_wait_until_group_completed(_samples(0, 4), step=1)
+        x0_may_finish.set()
         dumped = manager.state.model_dump_json()
         resumed = AsyncRolloutManager(
             client,

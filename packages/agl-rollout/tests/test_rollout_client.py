@@ -20,14 +20,24 @@ from agl_types import EventCreate, RolloutCreate, RolloutState, RolloutStatusPat
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
 
+_issued: list[str] = []
+
+
 def _request(**kw: object) -> RolloutCreate:
-    return RolloutCreate.model_validate({"input": {"q": 1}, "rollout_id": uuid.uuid4().hex, **kw})
+    """A create request with a fresh id, deleted from the server when the test ends."""
+    request = RolloutCreate.model_validate({"input": {"q": 1}, "rollout_id": uuid.uuid4().hex, **kw})
+    assert request.rollout_id is not None
+    _issued.append(request.rollout_id)
+    return request
 
 
 @pytest.fixture
 def client(agl_server: AglServerProcess) -> Iterator[AglClient]:
     with AglClient(agl_server.url, TEST_KEY) as c:
         yield c
+        for rid in _issued:
+            c.delete_rollout(rid)  # idempotent: a rollout the test deleted itself is a no-op
+        _issued.clear()
 
 
 def test_create_with_the_same_ids_twice_creates_each_rollout_once(client: AglClient) -> None:
@@ -40,7 +50,7 @@ def test_create_with_the_same_ids_twice_creates_each_rollout_once(client: AglCli
 
 
 def test_create_with_null_input_is_accepted(client: AglClient) -> None:
-    [rollout] = client.create_rollouts([RolloutCreate(input=None, rollout_id=uuid.uuid4().hex)])
+    [rollout] = client.create_rollouts([_request(input=None)])
     assert rollout.input is None
 
 
@@ -183,9 +193,14 @@ def test_model_calls_during_reregistration_never_find_the_model_missing(
         caller.start()
         for version in range(1, 31):
             client.register_models(model_registrations(TEST_MODEL_NAME, live, version=version))
-            time.sleep(0.01)
+            # Each re-registration is followed by at least one whole call (not a 10 ms window).
+            n_calls = len(statuses)
+            deadline = time.monotonic() + 30
+            while len(statuses) <= n_calls:
+                assert time.monotonic() < deadline, f"no model call completed after version {version}"
+                time.sleep(0.005)
         done.set()
-        caller.join()
+        caller.join(timeout=60)
         last = client.get_events(r.rollout_id, triplet=True)[-1].data["server"]["version"]
     assert statuses and set(statuses) == {200}
     assert last == 30
@@ -202,7 +217,9 @@ def test_pause_and_drain_returns_metrics_and_times_out_while_a_call_is_in_flight
         [r] = client.create_rollouts([_request()])
         call = threading.Thread(target=_proxy_call, args=(fresh_agl_server.url, r.rollout_id))
         call.start()
+        deadline = time.monotonic() + 30
         while client.proxy_state().inflight == 0:
+            assert time.monotonic() < deadline, "the call never reached the gateway"
             time.sleep(0.02)
         with pytest.raises(TimeoutError, match="1 model call"):
             pause_and_drain(client, "step 1", poll_interval=0.05, timeout_s=0.2)

@@ -190,8 +190,9 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
     fresh_agl_server: AglServerProcess,
 ) -> None:
     samples = Samples()
-    # Samples 2 and 3 are slow, so they are still running when the first run stops after one step.
-    slow = lambda r: AgentBehaviour(delay_s=1.0 if r["input"]["x"] in (2, 3) else 0.0)  # noqa: E731
+    # Samples 2 and 3 wait for the first run to stop after one step, so they are still running then.
+    first_stopped = threading.Event()
+    slow = lambda r: AgentBehaviour(wait_for=first_stopped if r["input"]["x"] in (2, 3) else None)  # noqa: E731
     trained: list[int] = []
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
@@ -204,6 +205,7 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
             first.step_done()
             first.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
             state = first.state
+        first_stopped.set()
         carried = {r.input["x"] for g in state.groups for r in [*g.pending.values(), *g.completed]}
         assert {2, 3} <= carried  # the slow samples were still running at the stop
         assert carried.isdisjoint(trained)

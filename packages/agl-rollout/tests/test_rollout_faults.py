@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 
@@ -58,12 +60,27 @@ def test_create_whose_answer_is_lost_is_retried_without_a_duplicate(
     assert faults[("GET", "reset")] == 2 and faults[("GET", "drop_response")] == 2
 
 
+def _once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None]) -> threading.Thread:
+    """A thread that runs ``action`` as soon as ``server`` holds a rollout (the wait has begun)."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while not server.rollout_ids():
+            assert time.monotonic() < deadline, "no rollout was created within 60 s"
+            time.sleep(0.02)
+        action()
+
+    return threading.Thread(target=run, daemon=True)
+
+
 def test_server_restart_during_a_wait_raises_a_clear_error(fresh_agl_server: AglServerProcess) -> None:
-    restarter = threading.Timer(0.3, fresh_agl_server.restart)
+    restarter = _once_it_holds_a_rollout(fresh_agl_server, fresh_agl_server.restart)
     config = RolloutManagerConfig(poll_interval_seconds=0.05, rollout_timeout_seconds=120.0)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY, retry=FAST_RETRY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+        FakeAgents(  # the server goes away under its polls on purpose
+            fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
+        ),
     ):
         restarter.start()
         with pytest.raises(RolloutsLostError, match="vanished from agl-server") as info:
@@ -79,9 +96,11 @@ def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_dead
     config = RolloutManagerConfig(poll_interval_seconds=0.05)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY, retry=retry) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start")),
+        FakeAgents(  # the server goes away under its polls on purpose
+            fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
+        ),
     ):
-        threading.Timer(0.3, fresh_agl_server.stop).start()
+        _once_it_holds_a_rollout(fresh_agl_server, fresh_agl_server.stop).start()
         with pytest.raises(AglServerError, match="check that agl-server is running"):
             SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+from agl_testing.requirements import import_optional
 
-np = pytest.importorskip("numpy")
-torch = pytest.importorskip("torch")
+np = import_optional("numpy")
+torch = import_optional("torch")
 
 from agl_rollout import BatchTopUp, batch_rows, to_native  # noqa: E402
 

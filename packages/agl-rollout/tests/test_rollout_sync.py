@@ -131,7 +131,8 @@ def test_rollout_past_its_timeout_is_failed_on_server_returned_timed_out_and_cou
 ) -> None:
     outcomes: dict[int, Outcome] = {0: "never_finish", 1: "never_start"}
     behaviour = lambda r: AgentBehaviour(outcome=outcomes.get(r["input"]["x"], "succeeded"))  # noqa: E731
-    config = _config(rollout_timeout_seconds=0.5)
+    # x=2 must finish well inside the timeout even on a loaded machine: 10x what it needs there.
+    config = _config(rollout_timeout_seconds=5.0)
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
         FakeAgents(fresh_agl_server.url, behaviour=behaviour) as agents,
@@ -143,8 +144,8 @@ def test_rollout_past_its_timeout_is_failed_on_server_returned_timed_out_and_cou
         (r.sample_idx_in_step, r.rollout_state, r.error_message) for r in result.completed if r.timed_out
     )
     assert timed_out == [
-        (0, RolloutState.FAILED, "timed out by trainer after 0.5 s"),
-        (1, RolloutState.FAILED, "timed out by trainer after 0.5 s"),
+        (0, RolloutState.FAILED, "timed out by trainer after 5 s"),
+        (1, RolloutState.FAILED, "timed out by trainer after 5 s"),
     ]
     assert result.metrics["training/n_rollouts_timed_out"] == 2.0
     assert result.metrics["training/n_rollouts_failed"] == 0.0

@@ -6,8 +6,6 @@ import re
 
 import pytest
 
-pytest.importorskip("verl")
-
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.settings import validate_config
 

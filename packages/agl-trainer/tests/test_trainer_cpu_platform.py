@@ -3,9 +3,6 @@
 import warnings
 
 import pytest
-
-pytest.importorskip("verl")
-
 import torch
 from verl.plugin.platform import PlatformRegistry, get_platform
 

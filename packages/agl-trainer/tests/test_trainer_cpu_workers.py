@@ -8,17 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
+import torch
+from transformers import AutoModelForCausalLM
+from verl import DataProto
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from verl import DataProto  # noqa: E402
-
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env  # noqa: E402
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env
 
 pytestmark = pytest.mark.verl
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl")
-
 from agl_trainer.demo import _stopped_note, run_embedded_default, start_message, with_file_logger
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.plot import plot_metrics, read_metrics

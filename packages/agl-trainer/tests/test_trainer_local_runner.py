@@ -20,6 +20,7 @@ import pytest
 
 from agl_rollout import AglClient
 from agl_testing.requirements import missing_requirement
+from agl_trainer import tiny_model
 from agl_trainer.local import (
     AgentContext,
     AglServer,
@@ -210,7 +211,6 @@ def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi, client:
 def test_toy_agent_turns_extend_prefix_in_recorded_events(
     api: AglServerApi, client: AglClient, stub: _StubModelServer, tmp_path: Path
 ) -> None:
-    tiny_model = pytest.importorskip("agl_trainer.tiny_model")
     task = DigitToolTask.from_model(tiny_model.build_tiny_model(tmp_path / "m"), max_tokens_per_turn=3)
     [rollout], _ = _run(api, client, task, [{"input": {"prompt": "Numbers:"}}])
     assert rollout.state == "succeeded"

@@ -17,6 +17,7 @@ import pytest
 
 from agl_rollout import AglClient
 from agl_testing.requirements import missing_requirement
+from agl_trainer import tiny_model
 from agl_trainer.local import (
     AglServer,
     AglServerApi,
@@ -36,7 +37,6 @@ from agl_types import ModelRegistration, RolloutCreate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-tiny_model = pytest.importorskip("agl_trainer.tiny_model")
 _PROBE_TEXT = "Write numbers: 1 2 3"
 
 

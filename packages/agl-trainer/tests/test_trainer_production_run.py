@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("verl")
-
 from agl_trainer.entrypoint import load_rows, production_config
 
 pytestmark = pytest.mark.verl

@@ -13,17 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-from agl_testing.agents import AgentBehaviour, FakeAgents  # noqa: E402
-from agl_testing.agl_server import TEST_KEY, AglServerProcess  # noqa: E402
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
-from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
-from agl_trainer.workers import ray_runtime_env  # noqa: E402
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.trainer import AglRayPPOTrainer
+from agl_trainer.workers import ray_runtime_env
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
 

@@ -7,8 +7,6 @@ from typing import Any, cast
 
 import pytest
 
-pytest.importorskip("verl")
-
 from agl_trainer.local.errors import WeightPushError
 from agl_trainer.weights import ExternalVllmPush
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,10 +37,26 @@ def _api(server: AglServerProcess, method: str, path: str, body: Any = None) -> 
     return call(method, server.url + path, key=server.key, json_body=body)
 
 
+_created: list[tuple[AglServerProcess, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _delete_created(agl_server: AglServerProcess) -> Iterator[None]:
+    """Delete what the test created on the shared server, before ``agl_server`` checks that the
+    test left nothing (a test's own ``fresh_agl_server`` is gone by then, and empty with it)."""
+    yield
+    for server, rid in _created:
+        if server is agl_server:
+            _api(server, "DELETE", f"/api/rollouts/{rid}")
+    _created.clear()
+
+
 def _create(server: AglServerProcess, *requests: RolloutCreate) -> list[Rollout]:
     reply = _api(server, "POST", "/api/rollouts", [r.to_wire() for r in requests])
     assert reply.status == 201, reply.body
-    return [Rollout.model_validate(item) for item in reply.body]
+    rollouts = [Rollout.model_validate(item) for item in reply.body]
+    _created.extend((server, r.rollout_id) for r in rollouts)
+    return rollouts
 
 
 def _patch(server: AglServerProcess, rollout_id: str, status: RolloutStatusPatch) -> Reply:

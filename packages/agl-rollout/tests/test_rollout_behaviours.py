@@ -1,0 +1,172 @@
+"""Specified behaviours of the async wait and of the gateway drain, against the real agl-server.
+
+Requests are counted by a FaultProxy that injects nothing: it only relays and logs them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from agl_rollout import (
+    AglClient,
+    AsyncRolloutManager,
+    RolloutHooks,
+    RolloutManagerConfig,
+    TraceWriter,
+    model_registrations,
+    pause_and_drain,
+)
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
+from agl_testing.fault_proxy import FaultProxy
+from agl_types import Event, Rollout, RolloutCreate, RolloutState
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
+
+N = 2
+
+
+class CountingHooks(RolloutHooks):
+    def __init__(self) -> None:
+        self.hooked: Counter[str] = Counter()
+
+    def on_succeeded(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
+        self.hooked[rollout.rollout_id] += 1
+
+    def on_failed(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
+        self.hooked[rollout.rollout_id] += 1
+
+
+class TimeoutSignal(RolloutHooks):
+    """Sets ``x0_timed_out`` when the trainer times x=0's rollout out (its ``on_failed`` hook)."""
+
+    def __init__(self) -> None:
+        self.x0_timed_out = threading.Event()
+
+    def on_failed(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
+        if rollout.input["x"] == 0:
+            self.x0_timed_out.set()
+
+
+def _second_of_x0(behaviour: AgentBehaviour) -> Any:
+    """x=0's second rollout to be claimed does ``behaviour``; every other one succeeds at once."""
+    seen: Counter[int] = Counter()
+
+    def pick(rollout: dict[str, Any]) -> AgentBehaviour:
+        x = int(rollout["input"]["x"])
+        seen[x] += 1  # called on the one dispatcher thread
+        return behaviour if (x, seen[x]) == (0, 2) else AgentBehaviour()
+
+    return pick
+
+
+def test_finished_members_of_an_unfinished_async_group_are_never_polled_or_hooked_again(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    config = RolloutManagerConfig(train_rollout_n=N, poll_interval_seconds=0.02, rollout_timeout_seconds=60)
+    hooks = CountingHooks()
+    second_may_finish = threading.Event()
+    with (
+        FaultProxy(fresh_agl_server.port) as proxy,
+        AglClient(proxy.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_second_of_x0(AgentBehaviour(wait_for=second_may_finish))),
+    ):
+        manager = AsyncRolloutManager(
+            client, config, train_batch_size=1, async_train_batch_size=2, hooks=hooks
+        )
+        step1 = manager.enqueue_and_wait_until_group_completed([{"x": 0}, {"x": 1}], step=1)
+        [carried] = manager.state.groups
+        [finished] = [r.rollout_id for r in carried.completed]
+        n_requests_at_step1 = len(proxy.requests)
+        second_may_finish.set()
+        step2 = manager.enqueue_and_wait_until_group_completed([], step=2)
+    assert [r.input["x"] for r in step1.completed] == [1, 1]
+    assert [r.input["x"] for r in step2.completed] == [0, 0]
+    assert finished in {r.rollout_id for r in step2.completed}
+    assert any(finished in path for _, path in proxy.requests[:n_requests_at_step1])  # it was polled once
+    assert [path for _, path in proxy.requests[n_requests_at_step1:] if finished in path] == []
+    assert sorted(hooks.hooked.values()) == [1, 1, 1, 1]
+
+
+def test_a_rollout_past_its_timeout_in_async_mode_completes_its_group_as_timed_out(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    config = RolloutManagerConfig(train_rollout_n=N, poll_interval_seconds=0.05, rollout_timeout_seconds=1.0)
+    hooks = TimeoutSignal()
+
+    def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
+        if rollout["input"]["x"] in (3, 4):  # step 2's samples finish only after x=0 completed
+            return AgentBehaviour(wait_for=hooks.x0_timed_out)
+        return stuck_x0(rollout)
+
+    stuck_x0 = _second_of_x0(AgentBehaviour(outcome="never_finish"))
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+    ):
+        manager = AsyncRolloutManager(
+            client, config, train_batch_size=2, async_train_batch_size=3, hooks=hooks
+        )
+        step1 = manager.enqueue_and_wait_until_group_completed([{"x": 0}, {"x": 1}, {"x": 2}], step=1)
+        # x=1 and x=2 completed first; x=0 completes when its stuck member times out, before
+        # x=3 and x=4, so it is the oldest complete group the next step takes.
+        step2 = manager.enqueue_and_wait_until_group_completed([{"x": 3}, {"x": 4}], step=2)
+        left = client.list_rollouts(list(RolloutState))
+    assert sorted(r.input["x"] for r in step1.completed) == [1, 1, 2, 2]
+    x0 = [r for r in step2.completed if r.input["x"] == 0]
+    assert sorted((r.timed_out, r.rollout_state, r.error_message) for r in x0) == [
+        (False, RolloutState.SUCCEEDED, None),
+        (True, RolloutState.FAILED, "timed out by trainer after 1 s"),
+    ]
+    timed_out = [s.metrics["training/n_rollouts_timed_out"] for s in (step1, step2)]
+    assert sum(timed_out) == 1.0
+    assert x0[1].rollout_id not in {r.rollout_id for r in left}  # failed and deleted on the server
+
+
+def test_the_drain_polls_the_gateway_at_the_configured_interval_until_the_call_in_flight_ends(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    def paused() -> bool:
+        with AglClient(fresh_agl_server.url, TEST_KEY) as direct:
+            return direct.proxy_state().paused
+
+    hold_s, interval_s = 2.0, 1.0
+    with (
+        HeldCompletions(paused, hold_after_s=hold_s) as upstream,
+        FaultProxy(fresh_agl_server.port) as proxy,
+        AglClient(proxy.url, TEST_KEY) as client,
+    ):
+        client.register_models(model_registrations(TEST_MODEL_NAME, [upstream.address], version=0))
+        [rollout] = client.create_rollouts([RolloutCreate(input=None, rollout_id="held")])
+        url = f"{fresh_agl_server.url}/proxy/rollout/{rollout.rollout_id}/attempt/0/mode/train/openai/v1/completions"
+        call = threading.Thread(
+            target=httpx.post,
+            args=(url,),
+            kwargs={
+                "json": {"prompt": "hi"},
+                "headers": {"Authorization": f"Bearer {TEST_KEY}"},
+                "timeout": 60,
+            },
+        )
+        call.start()
+        assert upstream.received.wait(30), "the call never reached the upstream"
+        before = len(proxy.requests)
+        metrics = pause_and_drain(client, "drain", poll_interval=interval_s, timeout_s=30)
+        returned_at = time.monotonic()
+        polls = [r for r in proxy.requests[before:] if r == ("GET", "/proxy/state")]
+        call.join(timeout=30)
+        client.resume()
+    assert metrics["training/async/proxy_inflight_at_pause"] == 1.0
+    [answered_at] = upstream.answered_at
+    assert answered_at <= returned_at
+    # The call was held hold_s after the pause: polls every interval_s make hold_s / interval_s
+    # of them, one more if the answer lands just after a poll (a loaded machine only makes fewer);
+    # the default interval (0.25 s) would make 8.
+    assert 1 <= len(polls) <= round(hold_s / interval_s) + 1
