@@ -1,6 +1,7 @@
-"""agl-algos: rollout-level GRPO advantage, per-rollout-mean PPO loss, zero-advantage selection.
+"""agl-algos: rollout-level GRPO advantage, per-rollout losses (PPO, CISPO, GSPO) and zero-advantage
+selection.
 
-Torch and numpy only; ``agl_algos.verl`` (imported on demand) registers the loss into verl.
+Torch and numpy only; ``agl_algos.verl`` (imported on demand) registers the losses into verl.
 """
 
 from importlib.metadata import version as _version
@@ -32,28 +33,45 @@ from agl_algos.groups import (
     zero_advantage_drop_order,
 )
 from agl_algos.loss import (
+    CISPO_PER_ROLLOUT_MEAN_LOSS_MODE,
+    GSPO_LOG_RATIO_MAX,
+    GSPO_PER_ROLLOUT_LOSS_MODE,
     LOG_RATIO_CLAMP,
     PER_ROLLOUT_MEAN_LOSS_MODE,
+    ROLLOUT_DIVISORS,
+    RolloutDivisor,
+    compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
+    rollout_index_context,
+    rollout_token_totals,
+    rows_per_rollout_metrics,
 )
 
 __version__ = _version("agl-algos")
 
 __all__ = (
+    "CISPO_PER_ROLLOUT_MEAN_LOSS_MODE",
     "GRPO_EPSILON",
+    "GSPO_LOG_RATIO_MAX",
+    "GSPO_PER_ROLLOUT_LOSS_MODE",
     "LOG_RATIO_CLAMP",
     "PER_ROLLOUT_MEAN_LOSS_MODE",
+    "ROLLOUT_DIVISORS",
     "AlgosError",
     "MissingFieldError",
     "PolicyLossConfig",
     "RemaxNotSupportedError",
     "RolloutConsistencyError",
+    "RolloutDivisor",
     "RolloutLayout",
     "RolloutLevelAdvantage",
     "RowSelection",
     "__version__",
     "broadcast_rollout_scalars",
+    "compute_policy_loss_cispo_per_rollout_mean",
+    "compute_policy_loss_gspo_per_rollout",
     "compute_policy_loss_per_rollout_mean",
     "compute_rollout_level_advantage",
     "extract_rollout_scalars",
@@ -61,8 +79,11 @@ __all__ = (
     "grpo_outcome_advantage",
     "mini_batch_keep_count",
     "normalize_advantages_by_rollout",
+    "rollout_index_context",
     "rollout_layout",
+    "rollout_token_totals",
     "row_rewards_from_scores",
+    "rows_per_rollout_metrics",
     "same_reward_group_rows",
     "select_rows_to_keep",
     "zero_advantage_drop_order",
