@@ -99,3 +99,19 @@ def gspo_per_rollout_loop(
                 loss += max(unclipped, clipped)
                 grad[row, t] = 0.0 if clipped > unclipped or log_s > 10.0 else -a * s
     return loss, grad
+
+
+def overlong_penalty_loop(length: int, buffer_len: int, factor: float, max_len: int) -> float:
+    """verl's DAPO reward manager: min(-(L - (max_len - buffer_len)) / buffer_len * factor, 0)."""
+    exceed = length - (max_len - buffer_len)
+    return min(-exceed / buffer_len * factor, 0.0)
+
+
+def zero_variance_filter_loop(rewards: list[float], groups: list[Any], rollouts: list[Any]) -> list[int]:
+    """Items of groups with two or more distinct rewards, or with a single rollout."""
+    values: dict[Any, set[float]] = defaultdict(set)
+    members: dict[Any, set[Any]] = defaultdict(set)
+    for reward, group, rollout in zip(rewards, groups, rollouts, strict=True):
+        values[group].add(reward)
+        members[group].add(rollout)
+    return [i for i, g in enumerate(groups) if len(values[g]) > 1 or len(members[g]) == 1]

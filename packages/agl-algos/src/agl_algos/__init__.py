@@ -1,5 +1,5 @@
-"""agl-algos: rollout-level GRPO advantage, per-rollout losses (PPO, CISPO, GSPO) and zero-advantage
-selection.
+"""agl-algos: rollout-level GRPO advantage, per-rollout losses (PPO, CISPO, GSPO), zero-advantage
+selection, DAPO's overlong shaping and dynamic-sampling filter.
 
 Torch and numpy only; ``agl_algos.verl`` (imported on demand) registers the losses into verl.
 """
@@ -17,6 +17,12 @@ from agl_algos.advantage import (
     rollout_layout,
 )
 from agl_algos.config import PolicyLossConfig
+from agl_algos.dapo import (
+    GroupFilter,
+    OverlongBuffer,
+    filter_zero_variance_groups,
+    overlong_reward_penalty,
+)
 from agl_algos.errors import (
     AlgosError,
     MissingFieldError,
@@ -60,7 +66,9 @@ __all__ = (
     "PER_ROLLOUT_MEAN_LOSS_MODE",
     "ROLLOUT_DIVISORS",
     "AlgosError",
+    "GroupFilter",
     "MissingFieldError",
+    "OverlongBuffer",
     "PolicyLossConfig",
     "RemaxNotSupportedError",
     "RolloutConsistencyError",
@@ -75,10 +83,12 @@ __all__ = (
     "compute_policy_loss_per_rollout_mean",
     "compute_rollout_level_advantage",
     "extract_rollout_scalars",
+    "filter_zero_variance_groups",
     "grpo_group_metrics",
     "grpo_outcome_advantage",
     "mini_batch_keep_count",
     "normalize_advantages_by_rollout",
+    "overlong_reward_penalty",
     "rollout_index_context",
     "rollout_layout",
     "rollout_token_totals",
