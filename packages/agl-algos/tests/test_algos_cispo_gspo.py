@@ -22,6 +22,7 @@ from agl_algos import (
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
     rollout_index_context,
+    rollout_index_of,
 )
 
 CONFIG = PolicyLossConfig(clip_ratio=0.2)
@@ -331,3 +332,8 @@ def test_a_rollout_split_into_1_2_or_5_rows_gives_the_same_loss_and_gradient(
     rows_loss, _ = loss_and_token_grads(loss_fn, split, "rows")
     n_rows = len(split.rollout_of_row)
     assert rows_loss == pytest.approx(split_loss * len(old) / n_rows, rel=1e-9, abs=1e-12)
+
+
+def test_rollout_index_of_numbers_rollouts_in_order_of_first_appearance() -> None:
+    assert rollout_index_of(["b", "a", "b", "c", "a"]).tolist() == [0, 1, 0, 2, 1]
+    assert rollout_index_of(np.array([7, 7, 3])).dtype == torch.int64

@@ -51,6 +51,7 @@ from agl_algos.loss import (
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
     rollout_index_context,
+    rollout_index_of,
     rollout_token_totals,
     rows_per_rollout_metrics,
 )
@@ -90,6 +91,7 @@ __all__ = (
     "normalize_advantages_by_rollout",
     "overlong_reward_penalty",
     "rollout_index_context",
+    "rollout_index_of",
     "rollout_layout",
     "rollout_token_totals",
     "row_rewards_from_scores",

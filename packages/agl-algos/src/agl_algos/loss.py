@@ -40,6 +40,7 @@ __all__ = (
     "compute_policy_loss_per_rollout_mean",
     "normalize_advantages_by_rollout",
     "rollout_index_context",
+    "rollout_index_of",
     "rollout_token_totals",
     "rows_per_rollout_metrics",
 )
@@ -179,6 +180,12 @@ def normalize_advantages_by_rollout(
     count = _step_count(mode, codes, num_trained_rows, num_trained_rollouts)
     tokens = _token_totals(response_mask, codes)
     return advantages / (tokens * count).clamp_min(1).to(advantages.dtype).unsqueeze(-1)
+
+
+def rollout_index_of(rollout_ids: IdArray) -> torch.Tensor:
+    """``rollout_ids`` (N,) -> (N,) int64 rollout numbers 0..R-1 in order of first appearance: the
+    ``rollout_index`` :func:`compute_policy_loss_gspo_per_rollout` groups rows by."""
+    return torch.as_tensor(factorize(rollout_ids, name="rollout_ids").codes)
 
 
 def rows_per_rollout_metrics(rollout_ids: IdArray) -> dict[str, float]:
