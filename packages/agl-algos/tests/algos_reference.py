@@ -59,3 +59,59 @@ def ppo_token_loss(old: float, new: float, adv: float, low: float, high: float, 
     ratio = math.exp(max(min(new - old, 20.0), -20.0))
     clip_loss = max(-adv * ratio, -adv * min(max(ratio, 1 - low), 1 + high))
     return min(-adv * c, clip_loss) if adv < 0 else clip_loss
+
+
+def cispo_token_loss(old: float, new: float, adv: float, low: float, high: float) -> float:
+    """CISPO's token loss as Agent Lightning 1.0.2 and verl define it: -clip(ratio) * A * log_prob."""
+    ratio = math.exp(max(min(new - old, 20.0), -20.0))
+    return -min(max(ratio, 1 - low), 1 + high) * adv * new
+
+
+def gspo_per_rollout_loop(
+    old: torch.Tensor,
+    new: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_index: list[int],
+    low: float,
+    high: float,
+) -> tuple[float, torch.Tensor]:
+    """GSPO with one ratio per rollout: the loss (token sum) and its gradient in log_prob, token by token.
+
+    A token's ratio is s_r = exp(min(mean log-ratio of its rollout, 10)); its loss max(-A s, -A clip(s))
+    has gradient -A s in log_prob unless the clipped term is strictly larger (then 0).
+    """
+    total: dict[int, float] = defaultdict(float)
+    count: dict[int, int] = defaultdict(int)
+    for row, rollout in enumerate(rollout_index):
+        for t in range(mask.shape[1]):
+            if mask[row, t]:
+                total[rollout] += float(new[row, t] - old[row, t])
+                count[rollout] += 1
+    loss, grad = 0.0, torch.zeros(mask.shape, dtype=torch.float64)
+    for row, rollout in enumerate(rollout_index):
+        log_s = total[rollout] / max(count[rollout], 1)
+        s = math.exp(min(log_s, 10.0))
+        for t in range(mask.shape[1]):
+            if mask[row, t]:
+                a = float(adv[row, t])
+                unclipped, clipped = -a * s, -a * min(max(s, 1 - low), 1 + high)
+                loss += max(unclipped, clipped)
+                grad[row, t] = 0.0 if clipped > unclipped or log_s > 10.0 else -a * s
+    return loss, grad
+
+
+def overlong_penalty_loop(length: int, buffer_len: int, factor: float, max_len: int) -> float:
+    """verl's DAPO reward manager: min(-(L - (max_len - buffer_len)) / buffer_len * factor, 0)."""
+    exceed = length - (max_len - buffer_len)
+    return min(-exceed / buffer_len * factor, 0.0)
+
+
+def zero_variance_filter_loop(rewards: list[float], groups: list[Any], rollouts: list[Any]) -> list[int]:
+    """Items of groups with two or more distinct rewards, or with a single rollout."""
+    values: dict[Any, set[float]] = defaultdict(set)
+    members: dict[Any, set[Any]] = defaultdict(set)
+    for reward, group, rollout in zip(rewards, groups, rollouts, strict=True):
+        values[group].add(reward)
+        members[group].add(rollout)
+    return [i for i, g in enumerate(groups) if len(values[g]) > 1 or len(members[g]) == 1]

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 
 from agl_algos import (
     PolicyLossConfig,
+    RolloutDivisor,
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
     rollout_layout,
+    rollout_token_totals,
+    rows_per_rollout_metrics,
 )
 
 CONFIG = PolicyLossConfig(clip_ratio=0.2)
@@ -23,7 +26,9 @@ CONFIG = PolicyLossConfig(clip_ratio=0.2)
 
 def test_every_rollout_gets_mass_one_over_trained_rows() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
-    out = normalize_advantages_by_rollout(torch.ones(3, 3), mask, ["A", "A", "B"], num_trained_rows=3)
+    out = normalize_advantages_by_rollout(
+        torch.ones(3, 3), mask, ["A", "A", "B"], divisor="rows", num_trained_rows=3
+    )
     assert torch.equal(out, torch.full((3, 3), 1 / 9))
     masses = [(out[:2] * mask[:2]).sum().item(), (out[2] * mask[2]).sum().item()]
     assert masses == pytest.approx([1 / 3, 1 / 3], abs=1e-7)
@@ -32,7 +37,7 @@ def test_every_rollout_gets_mass_one_over_trained_rows() -> None:
 def test_divisor_is_clamped_at_one_for_a_rollout_without_tokens() -> None:
     mask = torch.tensor([[0, 0], [1, 1]])
     out = normalize_advantages_by_rollout(
-        torch.tensor([[4.0, 4.0], [4.0, 4.0]]), mask, ["e", "f"], num_trained_rows=1
+        torch.tensor([[4.0, 4.0], [4.0, 4.0]]), mask, ["e", "f"], divisor="rows", num_trained_rows=1
     )
     assert out.tolist() == [[4.0, 4.0], [2.0, 2.0]]
 
@@ -40,20 +45,24 @@ def test_divisor_is_clamped_at_one_for_a_rollout_without_tokens() -> None:
 def test_normalization_keeps_dtype_and_does_not_modify_its_input() -> None:
     advantages = torch.ones(2, 2, dtype=torch.float64)
     before = advantages.clone()
-    out = normalize_advantages_by_rollout(advantages, torch.ones(2, 2), [1, 2], num_trained_rows=2)
+    out = normalize_advantages_by_rollout(
+        advantages, torch.ones(2, 2), [1, 2], divisor="rows", num_trained_rows=2
+    )
     assert out.dtype == torch.float64 and torch.equal(advantages, before)
 
 
 def test_normalization_rejects_a_rollout_id_count_other_than_rows() -> None:
     with pytest.raises(ValueError, match=r"rollout_ids length \(1\) must match advantages rows \(2\)"):
-        normalize_advantages_by_rollout(torch.ones(2, 2), torch.ones(2, 2), ["a"], num_trained_rows=2)
+        normalize_advantages_by_rollout(
+            torch.ones(2, 2), torch.ones(2, 2), ["a"], divisor="rows", num_trained_rows=2
+        )
 
 
 @pytest.mark.parametrize("num_trained_rows", [0, -3])
 def test_normalization_rejects_non_positive_num_trained_rows(num_trained_rows: int) -> None:
     with pytest.raises(ValueError, match="num_trained_rows must be positive"):
         normalize_advantages_by_rollout(
-            torch.ones(1, 2), torch.ones(1, 2), ["a"], num_trained_rows=num_trained_rows
+            torch.ones(1, 2), torch.ones(1, 2), ["a"], divisor="rows", num_trained_rows=num_trained_rows
         )
 
 
@@ -75,7 +84,7 @@ def test_normalization_matches_the_per_row_loop(data: st.DataObject) -> None:
         n_rows, length, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     )
     n_trained = data.draw(st.integers(1, 50))
-    out = normalize_advantages_by_rollout(advantages, mask, ids, num_trained_rows=n_trained)
+    out = normalize_advantages_by_rollout(advantages, mask, ids, divisor="rows", num_trained_rows=n_trained)
     torch.testing.assert_close(out, normalize_by_rollout_loop(advantages, mask, ids, n_trained))
 
 
@@ -83,7 +92,7 @@ def test_precomputed_rollout_codes_give_the_spec_masses() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
     codes = torch.tensor([0, 0, 1])
     out = normalize_advantages_by_rollout(
-        torch.ones(3, 3), mask, ["A", "A", "B"], num_trained_rows=3, rollout_codes=codes
+        torch.ones(3, 3), mask, ["A", "A", "B"], divisor="rows", num_trained_rows=3, rollout_codes=codes
     )
     assert torch.equal(out, torch.full((3, 3), 1 / 9))
 
@@ -92,7 +101,12 @@ def test_rollout_codes_from_the_advantage_layout_are_accepted_as_numpy() -> None
     mask = torch.tensor([[1, 1], [1, 0], [0, 0]])
     layout = rollout_layout(["x", "y", "x"], ["g"] * 3, torch.zeros(3))
     out = normalize_advantages_by_rollout(
-        torch.ones(3, 2), mask, ["x", "y", "x"], num_trained_rows=1, rollout_codes=layout.rollout_of_row
+        torch.ones(3, 2),
+        mask,
+        ["x", "y", "x"],
+        divisor="rows",
+        num_trained_rows=1,
+        rollout_codes=layout.rollout_of_row,
     )
     assert out.tolist() == [[0.5, 0.5], [1.0, 1.0], [0.5, 0.5]]
 
@@ -110,7 +124,12 @@ def test_rollout_codes_from_the_advantage_layout_are_accepted_as_numpy() -> None
 def test_invalid_rollout_codes_are_a_value_error_naming_them(codes: torch.Tensor, match: str) -> None:
     with pytest.raises(ValueError, match=rf"rollout_codes must be .*{match}"):
         normalize_advantages_by_rollout(
-            torch.ones(3, 2), torch.ones(3, 2), ["a", "b", "b"], num_trained_rows=1, rollout_codes=codes
+            torch.ones(3, 2),
+            torch.ones(3, 2),
+            ["a", "b", "b"],
+            divisor="rows",
+            num_trained_rows=1,
+            rollout_codes=codes,
         )
 
 
@@ -126,9 +145,11 @@ def test_normalization_with_and_without_precomputed_codes_is_identical(data: st.
         n_rows, length, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     )
     codes = rollout_layout(ids, [0] * n_rows, torch.zeros(n_rows)).rollout_of_row
-    without = normalize_advantages_by_rollout(advantages, mask, ids, num_trained_rows=n_rows + 1)
+    without = normalize_advantages_by_rollout(
+        advantages, mask, ids, divisor="rows", num_trained_rows=n_rows + 1
+    )
     with_codes = normalize_advantages_by_rollout(
-        advantages, mask, ids, num_trained_rows=n_rows + 1, rollout_codes=codes
+        advantages, mask, ids, divisor="rows", num_trained_rows=n_rows + 1, rollout_codes=codes
     )
     assert torch.equal(without, with_codes)
 
@@ -262,7 +283,9 @@ def test_gradient_gives_every_rollout_the_same_total_weight(
     batch: tuple[torch.Tensor, list[int], int], dp_size: int
 ) -> None:
     mask, ids, n_rollouts = batch
-    advantages = normalize_advantages_by_rollout(mask.float(), mask, ids, num_trained_rows=len(ids))
+    advantages = normalize_advantages_by_rollout(
+        mask.float(), mask, ids, divisor="rows", num_trained_rows=len(ids)
+    )
     log_prob = torch.zeros(mask.shape, requires_grad=True)
     loss, _ = compute_policy_loss_per_rollout_mean(
         torch.zeros(mask.shape), log_prob, advantages, mask, config=PolicyLossConfig(dp_size=dp_size)
@@ -283,7 +306,9 @@ def test_one_row_per_rollout_without_clipping_equals_the_policy_gradient_sum(dat
     new = old + torch.rand(n, length, generator=gen) * 2 - 1  # ratio in [e^-1, e], below clip_ratio_c=3
     mask = (torch.rand(n, length, generator=gen) > 0.3).long()
     raw = torch.randn(n, 1, generator=gen).expand(n, length) * mask
-    advantages = normalize_advantages_by_rollout(raw, mask, list(range(n)), num_trained_rows=n)
+    advantages = normalize_advantages_by_rollout(
+        raw, mask, list(range(n)), divisor="rows", num_trained_rows=n
+    )
     no_clip = PolicyLossConfig(clip_ratio_low=1.0, clip_ratio_high=1e9)
     loss, metrics = compute_policy_loss_per_rollout_mean(old, new, advantages, mask, config=no_clip)
     plain = -(advantages * torch.exp(new - old) * mask).sum()
@@ -333,3 +358,90 @@ def test_dual_clip_only_ever_binds_for_negative_advantages(seed: int, c: float) 
     assert mixed["actor/pg_clipfrac_lower"] == pytest.approx(
         ((advantages < 0) & binds).float().mean().item(), abs=1e-6
     )
+
+
+def test_rollouts_divisor_gives_every_rollout_mass_one_over_rollouts() -> None:
+    # rollout A: rows of 2 and 1 tokens (3 in all), B: one row of 3; 2 rollouts -> 1 / (3 x 2) everywhere,
+    # where the rows divisor gives 1 / (3 x 3): A's second row costs both rollouts a third of their weight
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    out = normalize_advantages_by_rollout(torch.ones(3, 3), mask, ["A", "A", "B"], divisor="rollouts")
+    assert torch.equal(out, torch.full((3, 3), 1 / 6))
+    masses = [(out[:2] * mask[:2]).sum().item(), (out[2] * mask[2]).sum().item()]
+    assert masses == pytest.approx([1 / 2, 1 / 2], abs=1e-7)
+
+
+def test_rollouts_divisor_takes_an_explicit_step_count_over_the_ids_given() -> None:
+    # the call holds one rollout of 4 tokens out of a step of 5 rollouts: 8 / (4 x 5) = 0.4
+    out = normalize_advantages_by_rollout(
+        torch.full((1, 4), 8.0), torch.ones(1, 4), ["x"], divisor="rollouts", num_trained_rollouts=5
+    )
+    assert torch.equal(out, torch.full((1, 4), 0.4))
+
+
+def test_rollouts_divisor_ignores_num_trained_rows_and_counts_codes() -> None:
+    mask = torch.tensor([[1, 1], [1, 0], [0, 1]])
+    codes = torch.tensor([0, 1, 1])
+    # a: 2 tokens, b: 2 tokens over two rows; 2 rollouts -> 1 / 4
+    out = normalize_advantages_by_rollout(
+        torch.ones(3, 2), mask, ["a", "b", "b"], divisor="rollouts", num_trained_rows=99, rollout_codes=codes
+    )
+    assert torch.equal(out, torch.full((3, 2), 0.25))
+
+
+def test_an_unknown_divisor_is_refused_with_the_supported_ones() -> None:
+    with pytest.raises(
+        ValueError, match=r"Unsupported per_rollout_divisor: 'tokens'. Supported: \['rollouts', 'rows'\]"
+    ):
+        normalize_advantages_by_rollout(torch.ones(1, 1), torch.ones(1, 1), ["a"], divisor="tokens")  # type: ignore[arg-type]
+
+
+def test_rows_divisor_without_num_trained_rows_names_it() -> None:
+    with pytest.raises(ValueError, match=r"divisor='rows' needs num_trained_rows"):
+        normalize_advantages_by_rollout(torch.ones(1, 1), torch.ones(1, 1), ["a"], divisor="rows")
+
+
+def test_non_positive_num_trained_rollouts_is_refused() -> None:
+    with pytest.raises(ValueError, match="num_trained_rollouts must be positive, got 0"):
+        normalize_advantages_by_rollout(
+            torch.ones(1, 1), torch.ones(1, 1), ["a"], divisor="rollouts", num_trained_rollouts=0
+        )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_rollouts_divisor_matches_the_loop_with_the_distinct_rollout_count(data: st.DataObject) -> None:
+    n_rows, length = data.draw(st.integers(1, 12)), data.draw(st.integers(1, 6))
+    ids = data.draw(st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=n_rows, max_size=n_rows))
+    mask = torch.tensor(
+        data.draw(st.lists(st.integers(0, 1), min_size=n_rows * length, max_size=n_rows * length))
+    ).reshape(n_rows, length)
+    advantages = torch.randn(
+        n_rows, length, generator=torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
+    )
+    out = normalize_advantages_by_rollout(advantages, mask, ids, divisor="rollouts")
+    torch.testing.assert_close(out, normalize_by_rollout_loop(advantages, mask, ids, len(set(ids))))
+
+
+def test_rollout_token_totals_give_each_row_its_rollouts_total() -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    # A: 2 + 1 = 3 tokens; B: 3; C: 0
+    assert rollout_token_totals(mask, ["A", "A", "B", "C"]).tolist() == [3, 3, 3, 0]
+
+
+def test_rows_per_rollout_mean_is_rows_over_distinct_rollouts() -> None:
+    # 5 rows over 2 rollouts
+    assert rows_per_rollout_metrics(["a", "a", "b", "a", "b"]) == {"training/rows_per_rollout_mean": 2.5}
+    assert rows_per_rollout_metrics([]) == {"training/rows_per_rollout_mean": 0.0}
+
+
+@pytest.mark.parametrize("divisor", ["rollouts", "rows"])
+def test_normalization_passes_gradcheck_in_float64(divisor: RolloutDivisor) -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    advantages = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+
+    def normalized(adv: torch.Tensor) -> torch.Tensor:
+        return normalize_advantages_by_rollout(
+            adv, mask, ["A", "A", "B"], divisor=divisor, num_trained_rows=3
+        )
+
+    assert torch.autograd.gradcheck(normalized, (advantages,))

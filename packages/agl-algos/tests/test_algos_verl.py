@@ -6,6 +6,7 @@ import importlib
 import inspect
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,12 @@ from agl_algos import (  # noqa: E402
     MissingFieldError,
     RemaxNotSupportedError,
     RolloutConsistencyError,
+    compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     compute_rollout_level_advantage,
     normalize_advantages_by_rollout,
+    rollout_index_context,
 )
 from agl_algos.verl import _compat  # noqa: E402
 
@@ -40,8 +44,12 @@ def actor_config(**overrides: object) -> FSDPActorConfig:
     return FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **overrides)  # type: ignore[arg-type]
 
 
-def test_registry_lookup_returns_our_loss() -> None:
+def test_registry_lookup_returns_our_losses() -> None:
     assert core_algos.get_policy_loss_fn("per_rollout_mean") is compute_policy_loss_per_rollout_mean
+    assert (
+        core_algos.get_policy_loss_fn("cispo_per_rollout_mean") is compute_policy_loss_cispo_per_rollout_mean
+    )
+    assert core_algos.get_policy_loss_fn("gspo_per_rollout") is compute_policy_loss_gspo_per_rollout
 
 
 def test_registration_is_idempotent_across_reimport_and_worker_hook() -> None:
@@ -176,6 +184,51 @@ def test_loss_equals_verl_vanilla_token_mean_over_one_global_token_scaled_by_dp(
     assert_loss_equals_vanilla(loss_inputs(seed), config, their_mode="token-mean")
 
 
+def assert_loss_equals_verls(
+    ours_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]],
+    their_mode: str,
+    inputs: tuple[torch.Tensor, ...],
+    config: Any,
+) -> None:
+    """``ours_fn`` equals verl's ``their_mode`` loss aggregated by token-sum: value, gradient, metrics."""
+    old, new, advantages, mask, weights = inputs
+    ours_lp, theirs_lp = new.clone().requires_grad_(True), new.clone().requires_grad_(True)
+    ours, our_metrics = ours_fn(old, ours_lp, advantages, mask, "token-mean", config, weights)
+    theirs, their_metrics = core_algos.get_policy_loss_fn(their_mode)(
+        old, theirs_lp, advantages, mask, "token-sum", config, weights
+    )
+    (ours + theirs).backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ours_lp.grad, theirs_lp.grad, rtol=1e-5, atol=1e-6)
+    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
+
+
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_cispo_per_rollout_mean_equals_verl_cispo_token_sum(
+    seed: int, dp_size: int, low: float, high: float
+) -> None:
+    # Agent Lightning 1.0.2's cispo_per_rollout_mean is verl's CISPO token loss, masked sum x dp_size
+    config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
+    config.global_batch_info.update({"dp_size": dp_size})
+    assert_loss_equals_verls(compute_policy_loss_cispo_per_rollout_mean, "cispo", loss_inputs(seed), config)
+
+
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_gspo_per_rollout_with_one_row_per_rollout_equals_verl_gspo_token_sum(
+    seed: int, dp_size: int, low: float, high: float
+) -> None:
+    config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
+    config.global_batch_info.update({"dp_size": dp_size})
+    old, new, advantages, mask, weights = loss_inputs(seed)
+    inputs = (old, old + (new - old) * 0.1, advantages, mask, weights)  # ratios near 1: some clipped, not all
+    with rollout_index_context(torch.arange(6)):
+        assert_loss_equals_verls(compute_policy_loss_gspo_per_rollout, "gspo", inputs, config)
+
+
 @skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 4), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
@@ -258,7 +311,7 @@ def test_data_proto_wrapper_names_a_missing_field() -> None:
 def test_normalized_advantages_through_verl_registry_weigh_rollouts_equally() -> None:
     mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 0, 0]])
     advantages = normalize_advantages_by_rollout(
-        torch.ones(3, 4) * mask, mask, ["long", "short", "short"], num_trained_rows=3
+        torch.ones(3, 4) * mask, mask, ["long", "short", "short"], divisor="rollouts"
     )
     log_prob = torch.zeros(3, 4, requires_grad=True)
     loss_fn = core_algos.get_policy_loss_fn("per_rollout_mean")
@@ -266,7 +319,8 @@ def test_normalized_advantages_through_verl_registry_weigh_rollouts_equally() ->
     loss.backward()
     assert log_prob.grad is not None
     grad = log_prob.grad.sum(-1)
-    assert [grad[0].item(), (grad[1] + grad[2]).item()] == pytest.approx([-1 / 3, -1 / 3])
+    # two rollouts, one vote each: -1/2 on the 4-token rollout, -1/2 on the one split into two rows
+    assert [grad[0].item(), (grad[1] + grad[2]).item()] == pytest.approx([-1 / 2, -1 / 2])
 
 
 @pytest.mark.parametrize(
@@ -302,9 +356,10 @@ def test_an_old_policy_loss_signature_is_refused_with_the_supported_range(
         _compat.register_policy_loss("per_rollout_mean", compute_policy_loss_per_rollout_mean)
 
 
+@pytest.mark.parametrize("loss_mode", sorted(agl_verl.POLICY_LOSSES))
 @pytest.mark.parametrize(("release", "keywords"), sorted(_compat.POLICY_LOSS_CALL_KEYWORDS.items()))
-def test_our_loss_takes_the_keyword_call_of_each_supported_release(
-    release: tuple[int, ...], keywords: tuple[str, ...]
+def test_our_losses_take_the_keyword_call_of_each_supported_release(
+    release: tuple[int, ...], keywords: tuple[str, ...], loss_mode: str
 ) -> None:
     old, new, advantages, mask, weights = loss_inputs(release[1])
     values = {
@@ -316,10 +371,9 @@ def test_our_loss_takes_the_keyword_call_of_each_supported_release(
         "config": actor_config(),
         "rollout_is_weights": weights,
     }
-    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = core_algos.get_policy_loss_fn(
-        "per_rollout_mean"
-    )
-    loss, metrics = loss_fn(**{k: values[k] for k in keywords})
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]] = core_algos.get_policy_loss_fn(loss_mode)
+    with rollout_index_context(torch.tensor([0, 0, 1, 2, 2, 2])):
+        loss, metrics = loss_fn(**{k: values[k] for k in keywords})
     assert loss.shape == () and set(metrics) == {
         "actor/pg_clipfrac",
         "actor/ppo_kl",
@@ -352,3 +406,74 @@ def test_a_call_change_within_a_release_line_that_our_loss_accepts_warns_and_reg
     _compat.register_policy_loss("per_rollout_mean", compute_policy_loss_per_rollout_mean)
     assert core_algos.POLICY_LOSS_REGISTRY["per_rollout_mean"] is compute_policy_loss_per_rollout_mean
     assert "verl 0.8.0 calls policy losses with" in caplog.text
+
+
+def engine_micro_batches(max_token_len: int) -> tuple[list[Any], list[list[int]], DataProto]:
+    """A 5-row actor batch as the engine workers get it (no-padding TensorDict, dynamic batch size),
+    with ``rollout_index`` rows 0, 1 in rollout 7, rows 2, 4 in rollout 2, row 3 in rollout 9, cut into
+    micro-batches of at most ``max_token_len`` tokens by verl's own ``prepare_micro_batches``."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.utils import prepare_micro_batches
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    gen = torch.Generator().manual_seed(0)
+    prompts, responses = (
+        torch.randint(1, 50, (5, 3), generator=gen),
+        torch.randint(1, 50, (5, 4), generator=gen),
+    )
+    response_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])
+    attention_mask = torch.cat((torch.ones(5, 3, dtype=torch.int64), response_mask), 1)
+    batch = DataProto.from_dict(
+        tensors={
+            "input_ids": torch.cat((prompts, responses), 1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp_min(0),
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "old_log_probs": torch.randn(5, 4, generator=gen) * 0.1 - 1,
+            "advantages": torch.randn(5, 4, generator=gen) * response_mask,
+            agl_verl.ROLLOUT_INDEX_KEY: torch.tensor([7, 7, 2, 9, 2]),
+        }
+    )
+    data = left_right_2_no_padding(batch.to_tensordict())
+    tu.assign_non_tensor(
+        data,
+        dp_size=1,
+        batch_num_tokens=None,
+        global_batch_size=None,
+        use_dynamic_bsz=True,
+        max_token_len_per_gpu=max_token_len,
+    )
+    micro_batches, rows = prepare_micro_batches(data)
+    return micro_batches, rows, batch
+
+
+def test_rollout_index_loss_carries_each_micro_batchs_index_into_gspo_per_rollout() -> None:
+    pytest.importorskip("verl.workers.utils.losses")
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    config = actor_config(policy_loss={"loss_mode": "gspo_per_rollout"})
+    wrapped = agl_verl.with_rollout_index(partial(ppo_loss, config=config))
+    assert agl_verl.with_rollout_index(wrapped) is wrapped
+    micro_batches, rows, batch = engine_micro_batches(max_token_len=16)
+    assert len(micro_batches) > 1  # rows regrouped by length, so indices must travel with them
+    gen = torch.Generator().manual_seed(1)
+    for micro_batch, row_ids in zip(micro_batches, rows, strict=True):
+        n_tokens = int(micro_batch["input_ids"].offsets()[-1])
+        log_probs = torch.nested.nested_tensor_from_jagged(
+            torch.randn(n_tokens, generator=gen) * 0.1 - 1, offsets=micro_batch["input_ids"].offsets()
+        )
+        loss, _ = wrapped(model_output={"log_probs": log_probs}, data=micro_batch)
+        expected, _ = compute_policy_loss_gspo_per_rollout(
+            batch.batch["old_log_probs"][row_ids],
+            no_padding_2_padding(log_probs, micro_batch),
+            batch.batch["advantages"][row_ids],
+            batch.batch["response_mask"][row_ids].bool(),
+            config=config,
+            rollout_index=batch.batch[agl_verl.ROLLOUT_INDEX_KEY][row_ids],
+        )
+        torch.testing.assert_close(loss, expected)
+        with pytest.raises(ValueError, match="RolloutIndexLoss"):
+            ppo_loss(config, {"log_probs": log_probs}, micro_batch)

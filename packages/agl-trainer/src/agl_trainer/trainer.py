@@ -25,7 +25,7 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from agl_adapter import EmptyBatchError, RolloutAdapter
-from agl_algos import normalize_advantages_by_rollout
+from agl_algos import normalize_advantages_by_rollout, rows_per_rollout_metrics
 from agl_rollout import AglClient, BatchTopUp, RolloutManagerConfig, load_hooks
 from agl_trainer.advantages import Advantages
 from agl_trainer.batching import cut_batch
@@ -237,12 +237,15 @@ class AglRayPPOTrainer(RayPPOTrainer):
         with marked_timer("adv", timing):
             self.advantages.compute(batch, metrics)
             if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
+                rollout_ids = batch.non_tensor_batch["rollout_id_list"]
                 batch.batch["advantages"] = normalize_advantages_by_rollout(
                     batch.batch["advantages"],
                     batch.batch["response_mask"],
-                    batch.non_tensor_batch["rollout_id_list"],
+                    rollout_ids,
+                    divisor=self.config.algorithm.get("per_rollout_divisor", "rollouts"),
                     num_trained_rows=len(batch),
                 )
+                metrics.update(rows_per_rollout_metrics(rollout_ids))
         if self.use_critic:
             with marked_timer("update_critic", timing):
                 metrics.update(reduce_metrics(self.workers.update_critic(batch)))

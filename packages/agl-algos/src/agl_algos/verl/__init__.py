@@ -1,4 +1,8 @@
-"""verl glue of agl-algos: importing this module registers the ``per_rollout_mean`` policy loss.
+"""verl glue of agl-algos: importing this module registers the per-rollout policy losses.
+
+``per_rollout_mean``, ``cispo_per_rollout_mean`` and ``gspo_per_rollout`` go into verl's policy-loss
+registry; ``gspo_per_rollout`` also needs the batch's ``rollout_index`` and the actor's loss function
+wrapped in :class:`RolloutIndexLoss` (see :mod:`agl_algos.verl._rollout_index`).
 
 Import it only where verl is installed (``pip install 'agl-algos[verl]'``). Registration is idempotent:
 importing twice, calling :func:`register` again or running :func:`register_in_worker` in every Ray
@@ -7,31 +11,57 @@ worker leaves one entry in verl's ``POLICY_LOSS_REGISTRY``.
 
 from __future__ import annotations
 
-from agl_algos.loss import PER_ROLLOUT_MEAN_LOSS_MODE, compute_policy_loss_per_rollout_mean
+from collections.abc import Callable
+from typing import Any
+
+from agl_algos.loss import (
+    CISPO_PER_ROLLOUT_MEAN_LOSS_MODE,
+    GSPO_PER_ROLLOUT_LOSS_MODE,
+    PER_ROLLOUT_MEAN_LOSS_MODE,
+    compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_gspo_per_rollout,
+    compute_policy_loss_per_rollout_mean,
+)
 from agl_algos.verl._compat import SUPPORTED_VERL, register_policy_loss, verl_version, warn_if_unsupported
 from agl_algos.verl._data_proto import compute_rollout_level_advantage_data_proto
+from agl_algos.verl._rollout_index import ROLLOUT_INDEX_KEY, RolloutIndexLoss, with_rollout_index
 
 __all__ = (
+    "CISPO_PER_ROLLOUT_MEAN_LOSS_MODE",
+    "GSPO_PER_ROLLOUT_LOSS_MODE",
     "PER_ROLLOUT_MEAN_LOSS_MODE",
+    "POLICY_LOSSES",
+    "ROLLOUT_INDEX_KEY",
     "SUPPORTED_VERL",
     "WORKER_SETUP_HOOK",
+    "RolloutIndexLoss",
     "compute_rollout_level_advantage_data_proto",
     "register",
     "register_in_worker",
     "verl_version",
+    "with_rollout_index",
 )
 
 WORKER_SETUP_HOOK = "agl_algos.verl.register_in_worker"
-"""Value for Ray's ``runtime_env["worker_process_setup_hook"]``, so every worker has the loss."""
+"""Value for Ray's ``runtime_env["worker_process_setup_hook"]``, so every worker has the losses."""
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
+    PER_ROLLOUT_MEAN_LOSS_MODE: compute_policy_loss_per_rollout_mean,
+    CISPO_PER_ROLLOUT_MEAN_LOSS_MODE: compute_policy_loss_cispo_per_rollout_mean,
+    GSPO_PER_ROLLOUT_LOSS_MODE: compute_policy_loss_gspo_per_rollout,
+}
+"""The ``actor.policy_loss.loss_mode`` names :func:`register` puts into verl, and their functions."""
 
 
 def register() -> None:
-    """Register :func:`agl_algos.compute_policy_loss_per_rollout_mean` as ``per_rollout_mean``."""
-    register_policy_loss(PER_ROLLOUT_MEAN_LOSS_MODE, compute_policy_loss_per_rollout_mean)
+    """Register every loss of :data:`POLICY_LOSSES` under its name (each checked against verl's call)."""
+    for name, loss_fn in POLICY_LOSSES.items():
+        register_policy_loss(name, loss_fn)
 
 
 def register_in_worker() -> None:
-    """Ray ``worker_process_setup_hook``: register the loss in this worker process."""
+    """Ray ``worker_process_setup_hook``: register the losses in this worker process."""
     register()
 
 

@@ -83,7 +83,7 @@ def warn_if_unsupported() -> None:
     if not (_MIN <= installed < _MAX_EXCLUSIVE):
         warnings.warn(
             f"verl {'.'.join(map(str, installed))} is outside the range agl-algos supports ({SUPPORTED_VERL}); "
-            "the per_rollout_mean loss is registered but untested there",
+            "agl-algos' policy losses are registered but untested there",
             RuntimeWarning,
             stacklevel=2,
         )
