@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
+from agl_rollout import AglClient, model_registrations
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
+from agl_testing.fault_proxy import FaultProxy
 from agl_trainer.local import GatewayModel, proxy_base_url
+from agl_types import RolloutCreate
 
 _BODY = {
     "choices": [
@@ -55,20 +64,57 @@ def test_complete_without_logprobs_gives_none() -> None:
     assert GatewayModel(client, "http://g/v1").complete([1], max_tokens=1).logprobs is None
 
 
-def test_complete_retries_after_429_then_succeeds() -> None:
-    answers = iter(
-        [httpx.Response(429, headers={"Retry-After": "0"}, json={"error": "gateway paused"})] * 2
-        + [httpx.Response(200, json=_BODY)]
-    )
-    client = httpx.Client(transport=httpx.MockTransport(lambda _r: next(answers)))
-    assert GatewayModel(client, "http://g/v1").complete([1], max_tokens=2).token_ids == [7, 8]
+@pytest.fixture
+def paused_gateway(agl_server: AglServerProcess) -> Iterator[tuple[AglClient, str]]:
+    """The real gateway, paused, with a model behind it and a rollout to call it for; the
+    gateway is resumed and the rollout deleted afterwards."""
+    with HeldCompletions() as upstream, AglClient(agl_server.url, TEST_KEY) as client:
+        client.register_models(model_registrations(TEST_MODEL_NAME, [upstream.address], version=0))
+        [rollout] = client.create_rollouts([RolloutCreate(input=None, rollout_id=uuid.uuid4().hex)])
+        try:
+            yield client, rollout.rollout_id
+        finally:
+            client.resume()
+            client.delete_rollout(rollout.rollout_id)
+            client.delete_models()
 
 
-def test_complete_gives_up_when_pause_outlasts_max_pause_wait() -> None:
-    paused = httpx.Response(429, headers={"Retry-After": "5"}, json={"error": "gateway paused"})
-    client = httpx.Client(transport=httpx.MockTransport(lambda _r: paused))
+def _gateway_model(server_url: str, rollout_id: str, **kw: float) -> GatewayModel:
+    http = httpx.Client(headers={"Authorization": f"Bearer {TEST_KEY}"}, timeout=60)
+    return GatewayModel(http, proxy_base_url(server_url, rollout_id, "0", "train"), **kw)
+
+
+def test_complete_retries_after_the_paused_gateways_429_then_succeeds(
+    agl_server: AglServerProcess, paused_gateway: tuple[AglClient, str]
+) -> None:
+    client, rollout_id = paused_gateway
+    client.pause("test", retry_after_seconds=1)
+    with FaultProxy(agl_server.port) as proxy:
+        result: list[list[int]] = []
+        caller = threading.Thread(
+            target=lambda: result.append(
+                _gateway_model(proxy.url, rollout_id).complete([1], max_tokens=1).token_ids
+            )
+        )
+        caller.start()
+        deadline = time.monotonic() + 60
+        while not proxy.requests:  # the first call reached the paused gateway (and got its 429)
+            assert time.monotonic() < deadline, "the agent's call never reached the gateway"
+            time.sleep(0.02)
+        client.resume()
+        caller.join(timeout=60)
+        calls = [path for _, path in proxy.requests]
+    assert result == [[3]]
+    assert len(calls) >= 2 and all(path.endswith("/openai/v1/completions") for path in calls)
+
+
+def test_complete_gives_up_when_the_gateways_pause_outlasts_max_pause_wait(
+    agl_server: AglServerProcess, paused_gateway: tuple[AglClient, str]
+) -> None:
+    client, rollout_id = paused_gateway
+    client.pause("test", retry_after_seconds=5)
     with pytest.raises(TimeoutError, match=r"paused for more than max_pause_wait=1 s"):
-        GatewayModel(client, "http://g/v1", max_pause_wait=1.0).complete([1], max_tokens=1)
+        _gateway_model(agl_server.url, rollout_id, max_pause_wait=1.0).complete([1], max_tokens=1)
 
 
 def test_complete_raises_on_upstream_error_status() -> None:

@@ -197,9 +197,11 @@ def test_runner_runs_at_most_workers_rollouts_at_once(api: AglServerApi, client:
 
     with LocalAgentRunner(api, agent, workers=2, poll_interval=0.05) as runner:
         ids = _create(client, [{"input": i} for i in range(5)])
+        deadline = time.monotonic() + 60
         while len(api.list_rollouts(["running"])) < 2:
+            assert time.monotonic() < deadline, "the runner did not start two rollouts within 60 s"
             time.sleep(0.05)
-        time.sleep(0.5)
+        time.sleep(0.5)  # a window for a third one to start, were the bound not kept (10 polls)
         states = sorted(client.get_rollout(rid).rollout.state for rid in ids)
         release.set()
         finished = _wait_terminal(client, ids)
@@ -260,7 +262,9 @@ def _one_call_agent(ctx: AgentContext) -> float:
 def _claim_one_while_paused(client: AglClient) -> str:
     """Create one rollout and wait until the running runner has claimed it (the gateway is paused)."""
     [created] = _create(client, [{"input": None}])
+    deadline = time.monotonic() + 60
     while client.get_rollout(created).rollout.state != "running":
+        assert time.monotonic() < deadline, "the runner did not claim the rollout within 60 s"
         time.sleep(0.05)
     return created
 
