@@ -209,7 +209,7 @@ def test_hybrid_init_starts_the_replicas_asleep_and_points_the_gateway_at_them(
     trainer: AglRayPPOTrainer,
 ) -> None:
     assert trainer.endpoints == ["gpu-bound-server-stand-in-0:8000"] == replicas_of(trainer).addresses
-    assert trainer.weight_pusher is trainer.replicas
+    assert trainer.publisher.pusher is trainer.replicas
     assert ray.get(server_of(trainer.config).state.remote()) == {"awake": [], "sleeps": 1, "loads": []}
 
 

@@ -47,7 +47,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
     """GRPO on agent rollouts; see the module docstring.
 
     Agents reach the inference servers through the gateway: the ones named in
-    ``agentlightning.external_servers.endpoints``, to which ``weight_pusher`` gives the actor's
+    ``agentlightning.external_servers.endpoints``, to which the publisher's ``weight_pusher`` gives the actor's
     weights after each update; or, with that list empty, verl's own vLLM replicas, which
     :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
     The three stages are :mod:`~agl_trainer.collection`, the step's math
