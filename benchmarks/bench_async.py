@@ -49,7 +49,9 @@ def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path
 
 def summarise(mode: str, metrics_file: Path) -> Result:
     steps = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    rows = sorted((s for s in steps if "training/n_sample_trained" in s.get("data", s)), key=lambda s: s["step"])
+    rows = sorted(
+        (s for s in steps if "training/n_sample_trained" in s.get("data", s)), key=lambda s: s["step"]
+    )
     data = [s.get("data", s) for s in rows]
     ends = [d["timing/step_start_wall"] + d["timing_s/step"] for d in data]
     wall = ends[-1] - ends[0]
@@ -66,14 +68,18 @@ def summarise(mode: str, metrics_file: Path) -> Result:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tool-latency", default="0.5:6")
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args()
     results = [summarise(mode, run_mode(mode, args.steps, args.tool_latency, args.extra)) for mode in MODES]
     base = results[0]
-    print(f"\n{'mode':<12} {'samples/s':>10} {'x sync':>7} {'final reward':>13} {'- sync':>7} {'staleness':>10}")
+    print(
+        f"\n{'mode':<12} {'samples/s':>10} {'x sync':>7} {'final reward':>13} {'- sync':>7} {'staleness':>10}"
+    )
     for r in results:
         staleness = "-" if r.mean_staleness is None else f"{r.mean_staleness:.2f}"
         print(
