@@ -1,10 +1,15 @@
-"""Benchmark of agl-algos' per-step cost: rollout normalisation and the per-rollout-mean loss.
+"""Benchmark of agl-algos' per-step cost: rollout normalisation and the per-rollout losses.
 
 For rows x tokens from 64 x 1k to 1024 x 8k (4 rows per rollout, random response lengths) it times
-``normalize_advantages_by_rollout`` (from the ids, and from precomputed ``rollout_codes``) and the loss
-forward + backward, against, in the same run, verl's vanilla token-mean loss on the same tensors and a
-straightforward per-row Python normalisation. Goals: normalisation < 5% of the loss; loss <= 1.1x
-verl's vanilla loss.
+``normalize_advantages_by_rollout`` (from the ids, and from precomputed ``rollout_codes``) and the
+per_rollout_mean loss forward + backward, against, in the same run, verl's vanilla token-mean loss on the
+same tensors and a straightforward per-row Python normalisation. Goals: normalisation < 5% of the loss;
+loss <= 1.1x verl's vanilla loss.
+
+A second table times cispo_per_rollout_mean and gspo_per_rollout (forward + backward) against verl's
+``cispo`` and ``gspo`` (token-sum; verl's GSPO takes its ratio per row) and against a plain per-row
+Python loop computing the same loss (for GSPO, one ratio per rollout gathered from its rows). Goal:
+each <= 1.1x its verl counterpart.
 
 Timing is autorange-style: each sample repeats a function until it has run >= 5 ms, and the best of
 20 samples (interleaved across functions, so a loaded machine slows all alike) is reported per call.
@@ -29,7 +34,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from agl_algos import PolicyLossConfig, compute_policy_loss_per_rollout_mean, normalize_advantages_by_rollout
+from agl_algos import (
+    PolicyLossConfig,
+    compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_gspo_per_rollout,
+    compute_policy_loss_per_rollout_mean,
+    normalize_advantages_by_rollout,
+)
 
 ROWS_PER_ROLLOUT = 4
 FULL_SIZES = ((64, 1024), (256, 2048), (512, 4096), (1024, 8192))
@@ -46,6 +57,49 @@ def per_row_normalize(
         totals[rid] = totals.get(rid, 0.0) + float(row_tokens[row].item())
     divisors = torch.tensor([totals[rid] * n_rows for rid in rollout_ids], dtype=advantages.dtype)
     return advantages / divisors.to(advantages.device).clamp_min(1.0).unsqueeze(-1)
+
+
+def per_row_cispo(
+    old: torch.Tensor,
+    new: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    config: PolicyLossConfig,
+) -> torch.Tensor:
+    """CISPO one row at a time: each row's trained tokens sliced out, their losses summed."""
+    total = new.new_zeros(())
+    for row in range(new.shape[0]):
+        keep = mask[row].bool()
+        ratio = torch.exp(torch.clamp(new[row, keep] - old[row, keep], -20.0, 20.0))
+        clipped = torch.clamp(ratio, 1.0 - config.low, 1.0 + config.high).detach()
+        total = total - (clipped * advantages[row, keep] * new[row, keep]).sum()
+    return total * config.dp_size
+
+
+def per_row_gspo(
+    old: torch.Tensor,
+    new: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_ids: Any,
+    config: PolicyLossConfig,
+) -> torch.Tensor:
+    """GSPO per rollout, row by row: each rollout's mean log-ratio gathered from its rows in a dict."""
+    rows_of: dict[Any, list[int]] = {}
+    for row, rid in enumerate(rollout_ids):
+        rows_of.setdefault(rid, []).append(row)
+    total = new.new_zeros(())
+    for rows in rows_of.values():
+        pieces = [
+            (new[r, mask[r].bool()], old[r, mask[r].bool()], advantages[r, mask[r].bool()]) for r in rows
+        ]
+        log_ratio = torch.cat([n - o for n, o, _ in pieces])
+        seq = (log_ratio.sum() / max(log_ratio.numel(), 1)).detach()
+        for n, _, a in pieces:
+            ratio = torch.exp(torch.clamp(n - n.detach() + seq, max=10.0))
+            clipped = torch.clamp(ratio, 1.0 - config.low, 1.0 + config.high)
+            total = total + torch.maximum(-a * ratio, -a * clipped).sum()
+    return total * config.dp_size
 
 
 def make_inputs(n_rows: int, n_tokens: int, device: torch.device) -> dict[str, Any]:
@@ -154,14 +208,37 @@ def loss_step(
     return step
 
 
-def vanilla_loss() -> tuple[Callable[..., Any] | None, Any]:
+def verl_loss(name: str) -> tuple[Callable[..., Any] | None, Any]:
+    """verl's policy loss ``name`` and an actor config, or (None, None) without verl."""
     try:
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
         from verl.workers.config import FSDPActorConfig
     except ImportError:
         return None, None
     config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1)
-    return get_policy_loss_fn("vanilla"), config
+    return get_policy_loss_fn(name), config
+
+
+def token_sum_step(
+    loss_fn: Callable[..., tuple[torch.Tensor, dict[str, Any]]], inputs: dict[str, Any], config: Any
+) -> Callable[[], None]:
+    """Like :func:`loss_step`, with verl's token-sum aggregation (our losses ignore the mode)."""
+
+    def step() -> None:
+        log_prob = inputs["new"].detach().requires_grad_(True)
+        loss, _ = loss_fn(
+            inputs["old"], log_prob, inputs["advantages"], inputs["mask"], "token-sum", config, None
+        )
+        loss.backward()
+
+    return step
+
+
+def loop_step(loop: Callable[[torch.Tensor], torch.Tensor], new: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        loop(new.detach().requires_grad_(True)).backward()
+
+    return step
 
 
 GOAL_NORM_OVER_LOSS = 0.05
@@ -180,11 +257,11 @@ def run_size(
     inputs = make_inputs(n_rows, n_tokens, device)
     ids, adv, mask = inputs["rollout_ids"], inputs["advantages"], inputs["mask"]
     codes = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
-    normalized = normalize_advantages_by_rollout(adv, mask, ids, num_trained_rows=n_rows)
+    normalized = normalize_advantages_by_rollout(adv, mask, ids, divisor="rollouts")
     fns: dict[str, Callable[[], object]] = {
-        "norm": lambda: normalize_advantages_by_rollout(adv, mask, ids, num_trained_rows=n_rows),
+        "norm": lambda: normalize_advantages_by_rollout(adv, mask, ids, divisor="rollouts"),
         "codes": lambda: normalize_advantages_by_rollout(
-            adv, mask, ids, num_trained_rows=n_rows, rollout_codes=codes
+            adv, mask, ids, divisor="rollouts", rollout_codes=codes
         ),
         "loop": lambda: per_row_normalize(adv, mask, ids, n_rows),
         "ours": loss_step(
@@ -208,6 +285,57 @@ def run_size(
     )
 
 
+LOSS_HEADER = (
+    f"{'rows x tokens':>14} {'cispo ms':>8} {'verl':>8} {'loop':>8} {'gspo ms':>8} {'verl':>8} {'loop':>8} "
+    f"{'cispo/verl':>10} {'<=1.1':>5} {'gspo/verl':>9} {'<=1.1':>5} {'loop/ours':>9} {'':>5} "
+    f"{'MiB cispo':>9} {'gspo':>6} {'verl':>6}"
+)
+
+
+def run_new_losses(n_rows: int, n_tokens: int, device: torch.device, samples: int) -> str:
+    """Time CISPO and GSPO per rollout against verl's cispo/gspo and per-row loops; its table line."""
+    inputs = make_inputs(n_rows, n_tokens, device)
+    ids, mask = inputs["rollout_ids"], inputs["mask"]
+    normalized = normalize_advantages_by_rollout(inputs["advantages"], mask, ids, divisor="rollouts")
+    inputs = {**inputs, "advantages": normalized}
+    index = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
+    config = PolicyLossConfig()
+    old, adv = inputs["old"], inputs["advantages"]
+
+    def gspo(*args: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        return compute_policy_loss_gspo_per_rollout(*args, rollout_index=index)
+
+    fns: dict[str, Callable[[], object]] = {
+        "cispo": token_sum_step(compute_policy_loss_cispo_per_rollout_mean, inputs, config),
+        "cispo loop": loop_step(lambda new: per_row_cispo(old, new, adv, mask, config), inputs["new"]),
+        "gspo": token_sum_step(gspo, inputs, config),
+        "gspo loop": loop_step(lambda new: per_row_gspo(old, new, adv, mask, ids, config), inputs["new"]),
+    }
+    for name in ("cispo", "gspo"):
+        theirs, their_config = verl_loss(name)
+        if theirs is not None:
+            fns[f"verl {name}"] = token_sum_step(theirs, inputs, their_config)
+    best = timed(fns, device, samples)
+    peak = {name: peak_mib(fns[name], device) for name in ("cispo", "gspo", "verl gspo") if name in fns}
+    nan = float("nan")
+    cispo_verl, gspo_verl = (
+        best["cispo"] / best.get("verl cispo", nan),
+        best["gspo"] / best.get("verl gspo", nan),
+    )
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "FAIL"
+
+    loops = f"{best['cispo loop'] / best['cispo']:.0f}/{best['gspo loop'] / best['gspo']:.0f}"
+    return (
+        f"{f'{n_rows} x {n_tokens}':>14} {best['cispo'] * 1e3:8.2f} {best.get('verl cispo', nan) * 1e3:8.2f} "
+        f"{best['cispo loop'] * 1e3:8.2f} {best['gspo'] * 1e3:8.2f} {best.get('verl gspo', nan) * 1e3:8.2f} "
+        f"{best['gspo loop'] * 1e3:8.2f} {cispo_verl:10.3f} {verdict(cispo_verl <= GOAL_LOSS_OVER_VERL):>5} "
+        f"{gspo_verl:9.3f} {verdict(gspo_verl <= GOAL_LOSS_OVER_VERL):>5} {loops:>9} {'':>5} "
+        f"{peak['cispo']:9.0f} {peak['gspo']:6.0f} {peak.get('verl gspo', nan):6.0f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -217,15 +345,19 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20, help="timed samples per function (best is kept)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    vanilla, vanilla_config = vanilla_loss()
+    vanilla, vanilla_config = verl_loss("vanilla")
     print(
         f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} rows/rollout={ROWS_PER_ROLLOUT}"
     )
     if vanilla is None:
         print("verl not installed: the vanilla-loss column is skipped")
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
     print(HEADER)
-    for n_rows, n_tokens in QUICK_SIZES if args.quick else FULL_SIZES:
+    for n_rows, n_tokens in sizes:
         print(run_size(n_rows, n_tokens, device, args.samples, vanilla, vanilla_config), flush=True)
+    print(LOSS_HEADER)
+    for n_rows, n_tokens in sizes:
+        print(run_new_losses(n_rows, n_tokens, device, args.samples), flush=True)
 
 
 if __name__ == "__main__":
