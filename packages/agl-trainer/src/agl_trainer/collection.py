@@ -26,6 +26,7 @@ from agl_rollout import (
     RolloutManagerConfig,
     StalenessGate,
     SyncRolloutManager,
+    model_registrations,
     pause_and_drain,
 )
 from agl_trainer.settings import AglSettings
@@ -183,8 +184,6 @@ class Collection:
 
 def registrations_for(model: str, endpoints: Sequence[str], version: Callable[[], int]) -> Registrations:
     """The gateway registrations of ``model`` on ``endpoints`` at the weight version ``version()``."""
-    from agl_rollout import model_registrations
-
     return lambda: model_registrations(model, endpoints, version=version())
 
 
