@@ -50,6 +50,11 @@ ALLOWED_SKIPS: tuple[AllowedSkip, ...] = (
         "agl-adapter and agl-algos install without verl (their [verl] extra); .ci/package tests them so",
     ),
     AllowedSkip(
+        _not_installed("wandb"),
+        frozenset({"package:agl-adapter"}),
+        "agl-adapter does not depend on wandb; its wandb sink is tested, offline, in the workspace pass",
+    ),
+    AllowedSkip(
         _not_installed("numpy"),
         frozenset({"package:agl-rollout"}),
         "agl-rollout must not pull numpy; its numpy/torch batch tests run in the workspace pass",

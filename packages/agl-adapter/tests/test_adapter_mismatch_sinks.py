@@ -1,23 +1,17 @@
-"""Where trace-merge mismatch entries go: log, JSONL file, wandb table, and the default choice."""
+"""Where trace-merge mismatch entries go: log and JSONL file (wandb: test_adapter_mismatch_wandb.py)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agl_adapter import (
-    MISMATCH_COLUMNS,
     JsonlMismatchSink,
     LogMismatchSink,
     MismatchEntry,
-    WandbMismatchSink,
-    default_mismatch_sink,
 )
 
 
@@ -39,22 +33,6 @@ def _entry(turn: int = 1, text: str = "ü") -> MismatchEntry:
     )
 
 
-class _FakeTable:
-    def __init__(self, columns: list[str]) -> None:
-        self.columns = columns
-        self.rows: list[tuple[Any, ...]] = []
-
-    def add_data(self, *values: Any) -> None:
-        self.rows.append(values)
-
-
-def _fake_wandb(run: object | None) -> types.SimpleNamespace:
-    logged: list[tuple[dict[str, Any], int]] = []
-    return types.SimpleNamespace(
-        run=run, Table=_FakeTable, log=lambda data, step: logged.append((data, step)), logged=logged
-    )
-
-
 def test_jsonl_sink_appends_one_json_line_per_entry(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "mismatches.jsonl"
     sink = JsonlMismatchSink(path)
@@ -72,30 +50,3 @@ def test_log_sink_logs_summary_and_entries(caplog: pytest.LogCaptureFixture) -> 
     assert messages[0] == "step 5: 2 trace-merge mismatch entries"
     assert json.loads(messages[1].removeprefix("trace-merge mismatch: "))["turn_index"] == 1
     assert len(messages) == 3
-
-
-def test_wandb_sink_logs_a_table_with_the_reference_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    wandb = _fake_wandb(run=object())
-    monkeypatch.setitem(sys.modules, "wandb", wandb)
-    WandbMismatchSink().write([_entry(1)], 9)
-    [(data, step)] = wandb.logged
-    table = data["training/trace_merge_mismatches"]
-    assert step == 9
-    assert table.columns == list(MISMATCH_COLUMNS)
-    assert table.rows == [(3, "r1", "d1", 1, False, False, True, 1, 2, 3, 4, "ü", "b")]
-
-
-def test_wandb_sink_without_run_logs_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    wandb = _fake_wandb(run=None)
-    monkeypatch.setitem(sys.modules, "wandb", wandb)
-    WandbMismatchSink().write([_entry(1)], 9)
-    assert wandb.logged == []
-
-
-def test_default_sink_is_wandb_only_with_an_active_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "wandb", raising=False)
-    assert isinstance(default_mismatch_sink(), LogMismatchSink)
-    monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(run=None))
-    assert isinstance(default_mismatch_sink(), LogMismatchSink)
-    monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(run=object()))
-    assert isinstance(default_mismatch_sink(), WandbMismatchSink)

@@ -1,0 +1,102 @@
+"""The wandb mismatch sink against real wandb, in offline mode (a run on disk, nothing sent)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_adapter import (
+    MISMATCH_COLUMNS,
+    LogMismatchSink,
+    MismatchEntry,
+    WandbMismatchSink,
+    default_mismatch_sink,
+)
+from agl_testing.requirements import import_optional
+
+wandb = import_optional("wandb")
+
+
+def _entry() -> MismatchEntry:
+    return MismatchEntry(
+        global_steps=3,
+        rollout_id="r1",
+        data_id="d1",
+        turn_index=1,
+        template_mismatch=False,
+        retoken_mismatch=False,
+        others_mismatch=True,
+        prompt_length=1,
+        response_length=2,
+        previous_trace_length=3,
+        current_trace_length=4,
+        previous_trace="ü",
+        current_trace="b",
+    )
+
+
+@pytest.fixture
+def offline_run(tmp_path: Path) -> Iterator[Any]:
+    run = wandb.init(mode="offline", dir=tmp_path, project="agl-tests", settings=wandb.Settings(silent=True))
+    try:
+        yield run
+    finally:
+        run.finish()
+
+
+@pytest.fixture
+def logged_steps(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """The ``step`` of each call to the real ``wandb.log`` (a spy: every call goes through)."""
+    steps: list[int | None] = []
+    log = wandb.log
+
+    def spy(data: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        steps.append(step)
+        log(data, step=step, **kwargs)
+
+    monkeypatch.setattr(wandb, "log", spy)
+    return steps
+
+
+def _tables_on_disk(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each table the run saved, by its key (wandb names the file ``media/table/<key>_<n>_<hash>``)."""
+    tables: dict[str, dict[str, Any]] = {}
+    for path in run_dir.rglob("*.table.json"):
+        key = str(path.relative_to(run_dir / "media" / "table")).rsplit("_", 2)[0]
+        tables[key] = json.loads(path.read_text(encoding="utf-8"))
+    return tables
+
+
+def test_wandb_sink_logs_a_table_with_the_reference_columns_at_the_step(
+    offline_run: Any, logged_steps: list[int | None]
+) -> None:
+    WandbMismatchSink().write([_entry()], 9)
+    offline_run.finish()
+    assert logged_steps == [9]
+    assert _tables_on_disk(Path(offline_run.dir)) == {
+        "training/trace_merge_mismatches": {
+            "columns": list(MISMATCH_COLUMNS),
+            "data": [[3, "r1", "d1", 1, False, False, True, 1, 2, 3, 4, "ü", "b"]],
+        }
+    }
+
+
+def test_wandb_sink_without_run_logs_nothing(logged_steps: list[int | None]) -> None:
+    assert wandb.run is None
+    WandbMismatchSink().write([_entry()], 9)
+    assert logged_steps == []
+
+
+def test_default_sink_is_wandb_only_with_an_active_run(tmp_path: Path) -> None:
+    assert wandb.run is None
+    assert isinstance(default_mismatch_sink(), LogMismatchSink)
+    run = wandb.init(mode="offline", dir=tmp_path, project="agl-tests", settings=wandb.Settings(silent=True))
+    try:
+        assert isinstance(default_mismatch_sink(), WandbMismatchSink)
+    finally:
+        run.finish()
+    assert isinstance(default_mismatch_sink(), LogMismatchSink)
