@@ -47,6 +47,11 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
         (["algorithm.adv_estimator=gae"], "algorithm.enable_rollout_level_advantage"),
         (["agentlightning.max_ppo_update_times=0"], "agentlightning.max_ppo_update_times"),
         (["agentlightning.rollout_timeout_seconds=0"], "agentlightning.rollout_timeout_seconds"),
+        (["agentlightning.drain_timeout_seconds=0"], "agentlightning.drain_timeout_seconds must be > 0"),
+        (
+            ["agentlightning.drain_poll_interval_seconds=-1"],
+            "agentlightning.drain_poll_interval_seconds must be > 0",
+        ),
         (["trainer.device=cpu"], "agentlightning.external_servers.endpoints"),
     ],
 )

@@ -16,7 +16,11 @@ import pytest
 from agl_rollout import AglClient, model_registrations
 from agl_rollout.queueing import rollout_request
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fault_proxy import FaultProxy
+from agl_trainer.drain import Drain
+from agl_trainer.entrypoint import compose_config
 from agl_trainer.publisher import Publisher
+from agl_trainer.settings import AglSettings
 from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
@@ -45,7 +49,7 @@ def _publisher(
 ) -> tuple[Publisher, GatewayObservingPusher]:
     pusher = GatewayObservingPusher(client)
     registrations = lambda: model_registrations("m", [ENDPOINT], version=version[0])  # noqa: E731
-    return Publisher(client, pusher, registrations, fully_async=fully_async, drain_timeout_s=10.0), pusher
+    return Publisher(client, pusher, registrations, fully_async=fully_async, drain=Drain(10.0, 0.02)), pusher
 
 
 def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_resumes(
@@ -151,7 +155,7 @@ def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_t
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         pusher = GatewayObservingPusher(client)
         registrations = lambda: model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=version[0])  # noqa: E731
-        publisher = Publisher(client, pusher, registrations, fully_async=True, drain_timeout_s=30.0)
+        publisher = Publisher(client, pusher, registrations, fully_async=True, drain=Drain(30.0, 0.02))
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         client.register_models(registrations())
         client.resume()
@@ -175,3 +179,60 @@ def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_t
     assert metrics["training/async/proxy_inflight_at_pause"] == 1.0  # the slow call was in flight
     assert pusher.pushes[-1] == (1, True, 0)  # and had finished before the weights changed
     assert [event.data["server"]["version"] for event in events] == [0, 1]
+
+
+def _drain_from_config(timeout_s: float, poll_interval_s: float) -> Drain:
+    config = compose_config(
+        [
+            f"agentlightning.drain_timeout_seconds={timeout_s}",
+            f"agentlightning.drain_poll_interval_seconds={poll_interval_s}",
+        ]
+    )
+    return AglSettings.from_config(config).drain
+
+
+def _slow_call_in_flight(
+    server: AglServerProcess, client: AglClient, upstream: SlowModelServerStandIn
+) -> None:
+    client.register_models(model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=0))
+    client.resume()
+    client.create_rollouts(
+        [rollout_request({"x": 1}, is_train=True, rollout_config=RolloutConfig(), rollout_id="r1")]
+    )
+    client.patch_rollout_status("r1", RolloutStatusPatch(state=RolloutState.RUNNING, last_attempt_id="0"))
+    call = threading.Thread(target=_call_through_gateway, args=(server, "r1"))
+    call.start()
+    assert upstream.received.wait(timeout=30), "the call never reached the model server"
+    return call
+
+
+def test_a_drain_gives_up_after_the_configured_timeout_naming_its_key(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    upstream = SlowModelServerStandIn(delay_s=3.0)
+    drain = _drain_from_config(timeout_s=0.5, poll_interval_s=0.1)
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        call = _slow_call_in_flight(fresh_agl_server, client, upstream)
+        with pytest.raises(
+            TimeoutError, match=r"1 model call\(s\) in flight .*agentlightning\.drain_timeout_seconds=0\.5"
+        ):
+            drain(client, "step 1")
+        call.join(timeout=30)
+    upstream.close()
+
+
+def test_a_drain_asks_for_the_in_flight_count_at_the_configured_interval(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    upstream = SlowModelServerStandIn(delay_s=2.0)
+    drain = _drain_from_config(timeout_s=60, poll_interval_s=0.5)
+    with FaultProxy(fresh_agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY) as client:
+        call = _slow_call_in_flight(fresh_agl_server, client, upstream)
+        proxy.requests.clear()
+        metrics = drain(client, "step 1")
+        call.join(timeout=30)
+    upstream.close()
+    polls = proxy.requests.count(("GET", "/proxy/state"))
+    # Each poll after the pause's own answer follows a sleep of the interval (0.5 s): at most one per
+    # 0.5 s of the drain; the default interval (0.25 s) would give about twice as many.
+    assert 2 <= polls <= metrics["training/async/proxy_drain_seconds"] / 0.5 + 0.5

@@ -27,7 +27,6 @@ from agl_rollout import (
     StalenessGate,
     SyncRolloutManager,
     model_registrations,
-    pause_and_drain,
 )
 from agl_trainer.settings import AglSettings
 from agl_types import CompletedRollout, ModelRegistration
@@ -172,9 +171,7 @@ class Collection:
         requests_before = self.client.request_count
         self.client.resume()
         result = wait()
-        drain = pause_and_drain(
-            self.client, f"rollout_done step={step}", timeout_s=self.settings.drain_timeout_seconds
-        )
+        drain = self.settings.drain(self.client, f"rollout_done step={step}")
         requests = {
             "training/server_requests_per_rollout": (self.client.request_count - requests_before)
             / max(len(result.completed), 1)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 
-from agl_rollout import AglClient, pause_and_drain
+from agl_rollout import AglClient
 from agl_trainer.collection import Registrations
+from agl_trainer.drain import Drain
 from agl_trainer.weights import WeightPusher
 from agl_trainer.workers import PolicyWorkers
 
@@ -27,13 +28,13 @@ class Publisher:
         registrations: Registrations,
         *,
         fully_async: bool,
-        drain_timeout_s: float,
+        drain: Drain,
     ) -> None:
         self.client = client
         self.pusher = pusher
         self.registrations = registrations
         self.fully_async = fully_async
-        self.drain_timeout_s = drain_timeout_s
+        self.drain = drain
         self.published: int | None = None
 
     def publish(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
@@ -44,13 +45,7 @@ class Publisher:
             return metrics
         started = time.perf_counter()
         # Agents asking meanwhile retry after 1 s (the gateway's smallest Retry-After): a reload is short.
-        drain = pause_and_drain(
-            self.client,
-            f"publish weights v{version}",
-            poll_interval=0.02,
-            timeout_s=self.drain_timeout_s,
-            retry_after_seconds=1,
-        )
+        drain = self.drain(self.client, f"publish weights v{version}", retry_after_seconds=1)
         try:
             metrics = self.pusher.push(workers, version)
             self.published = version

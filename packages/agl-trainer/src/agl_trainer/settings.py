@@ -11,6 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agl_trainer.drain import Drain
+
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
 PER_ROLLOUT_MEAN = "per_rollout_mean"
 PROCESSED_LOGPROBS = "processed_logprobs"
@@ -43,6 +45,7 @@ class AglSettings:
     stale_strategy: str
     max_groups_in_flight: int | None
     drain_timeout_seconds: float
+    drain_poll_interval_seconds: float
     external_endpoints: tuple[str, ...]
     weights_dir: str | None
 
@@ -50,6 +53,11 @@ class AglSettings:
     def uses_verl_replicas(self) -> bool:
         """Path 1: no external endpoints, so verl's hybrid-engine vLLM replicas serve the agents."""
         return not self.external_endpoints
+
+    @property
+    def drain(self) -> Drain:
+        """How the gateway is paused and drained before weights change."""
+        return Drain(self.drain_timeout_seconds, self.drain_poll_interval_seconds)
 
     @classmethod
     def from_config(cls, config: DictConfig) -> AglSettings:
@@ -89,6 +97,7 @@ class AglSettings:
             stale_strategy=str(fully_async.get("stale_strategy", "drop")),
             max_groups_in_flight=_optional_int(fully_async.get("max_groups_in_flight")),
             drain_timeout_seconds=float(agl.get("drain_timeout_seconds", 600)),
+            drain_poll_interval_seconds=float(agl.get("drain_poll_interval_seconds", 0.25)),
             external_endpoints=tuple(str(e) for e in external.get("endpoints", []) or []),
             weights_dir=external.get("weights_dir"),
         )
@@ -139,6 +148,9 @@ def validate_config(config: DictConfig) -> AglSettings:
         raise ValueError(
             f"agentlightning.rollout_timeout_seconds must be > 0, got {settings.rollout_timeout_seconds}"
         )
+    for key in ("drain_timeout_seconds", "drain_poll_interval_seconds"):
+        if not getattr(settings, key) > 0:
+            raise ValueError(f"agentlightning.{key} must be > 0, got {getattr(settings, key)}")
     if settings.uses_verl_replicas:
         _check_replicas_can_run_on_device(config)
         _check_replica_parallelism(config)

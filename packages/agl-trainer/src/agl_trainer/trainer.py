@@ -108,7 +108,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             weight_pusher or NoWeightPush(),
             registrations,
             fully_async=self.settings.fully_async,
-            drain_timeout_s=self.settings.drain_timeout_seconds,
+            drain=self.settings.drain,
         )
         self.adapter = RolloutAdapter(
             max_prompt_length=self.settings.max_prompt_length,

@@ -1,0 +1,31 @@
+"""Pausing the gateway until no model call is in flight, as ``agentlightning.drain_*`` configures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agl_rollout import AglClient, pause_and_drain
+
+
+@dataclass(frozen=True)
+class Drain:
+    """``agentlightning.drain_timeout_seconds`` and ``drain_poll_interval_seconds``, applied."""
+
+    timeout_s: float
+    poll_interval_s: float
+
+    def __call__(self, client: AglClient, reason: str, *, retry_after_seconds: int = 5) -> dict[str, float]:
+        """Pause the gateway and wait for its calls in flight; a timeout names the key to raise."""
+        try:
+            return pause_and_drain(
+                client,
+                reason,
+                poll_interval=self.poll_interval_s,
+                timeout_s=self.timeout_s,
+                retry_after_seconds=retry_after_seconds,
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (agentlightning.drain_timeout_seconds={self.timeout_s:g})") from exc
+
+
+__all__ = ("Drain",)
