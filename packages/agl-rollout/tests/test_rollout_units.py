@@ -28,7 +28,6 @@ from agl_rollout import (
     record_lifecycle,
     to_native,
 )
-from agl_testing.agents import model_request_data
 from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, RolloutState
 
 pytestmark = pytest.mark.timeout(60)
@@ -227,12 +226,6 @@ def test_non_numeric_reward_is_skipped_and_counted_without_hiding_an_earlier_one
 def test_empty_prompt_ids_are_kept_as_a_triplet() -> None:
     extraction = extract_triplets([_triplet_request([], [4])])
     assert [t.response_token_ids for t in extraction.triplets] == [[4]]
-
-
-def test_agents_payload_matches_what_the_triplet_channel_reads() -> None:
-    data = model_request_data([1, 2], [3, 4], version=2)
-    assert data["response"]["choices"][0]["token_ids"] == [3, 4]
-    assert data["server"]["version"] == 2
 
 
 # -- lifecycle metrics ----------------------------------------------------------------------

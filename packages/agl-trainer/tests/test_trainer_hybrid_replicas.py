@@ -196,6 +196,12 @@ def trainer(ray_session: None, model_path: Path) -> Iterator[AglRayPPOTrainer]:
         trainer.shutdown()
 
 
+@pytest.fixture(scope="module")
+def server_state_after_init(trainer: AglRayPPOTrainer) -> dict[str, Any]:
+    """The replica server's record as ``init_workers`` left it, before any test pushed (tests run shuffled)."""
+    return ray.get(server_of(trainer.config).state.remote())
+
+
 def server_of(config: DictConfig) -> Any:
     return ray.get_actor(_server_name(config.actor_rollout_ref.rollout, 0))
 
@@ -206,11 +212,11 @@ def replicas_of(trainer: AglRayPPOTrainer) -> VerlReplicas:
 
 
 def test_hybrid_init_starts_the_replicas_asleep_and_points_the_gateway_at_them(
-    trainer: AglRayPPOTrainer,
+    trainer: AglRayPPOTrainer, server_state_after_init: dict[str, Any]
 ) -> None:
     assert trainer.endpoints == ["gpu-bound-server-stand-in-0:8000"] == replicas_of(trainer).addresses
     assert trainer.publisher.pusher is trainer.replicas
-    assert ray.get(server_of(trainer.config).state.remote()) == {"awake": [], "sleeps": 1, "loads": []}
+    assert server_state_after_init == {"awake": [], "sleeps": 1, "loads": []}
 
 
 def test_hybrid_replicas_are_started_serving_the_gateways_model_name(trainer: AglRayPPOTrainer) -> None:
@@ -218,7 +224,7 @@ def test_hybrid_replicas_are_started_serving_the_gateways_model_name(trainer: Ag
 
 
 def test_push_wakes_the_replicas_with_the_actors_weights_and_release_sleeps_them(
-    trainer: AglRayPPOTrainer, model_path: Path
+    trainer: AglRayPPOTrainer, server_state_after_init: dict[str, Any], model_path: Path
 ) -> None:
     server = server_of(trainer.config)
     replicas = replicas_of(trainer)

@@ -7,15 +7,20 @@ absent, failed under CI. Starting vLLM takes one to two minutes on 2 cores.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
-from agl_rollout import AglClient
+from agl_rollout import AglClient, model_registrations
+from agl_testing.agents import model_request_data
 from agl_testing.requirements import missing_requirement
 from agl_trainer import tiny_model
 from agl_trainer.local import (
@@ -165,10 +170,108 @@ def test_registered_weight_version_reaches_model_request_events(stack: Stack) ->
     assert [e.data["server"]["version"] for e in events if e.event_type == "model_request"] == [1, 1]
 
 
-def test_stopping_vllm_leaves_no_process_of_its_group(stack: Stack) -> None:
-    pid = stack.vllm.process.pid
+def _leaves(payload: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """Every leaf of a JSON payload by its path of keys and list indices."""
+    if isinstance(payload, dict):
+        return {leaf: v for key, value in payload.items() for leaf, v in _leaves(value, (*path, key)).items()}
+    if isinstance(payload, list) and payload and isinstance(payload[0], dict | list):
+        return {leaf: v for i, value in enumerate(payload) for leaf, v in _leaves(value, (*path, i)).items()}
+    return {path: payload}
+
+
+def test_scripted_agents_record_what_the_real_gateway_records_for_a_model_call(stack: Stack) -> None:
+    """The scripted agents of the server tests post ``model_request_data``; it must match the real thing."""
+    _register(stack.trainer_client, stack.server, stack.vllm, version=4)
+    [rollout_id] = _run_rollouts(stack, 1)
+    recorded = stack.trainer_client.get_events(rollout_id, event_type="model_request")[0].data
+    choice = recorded["response"]["choices"][0]
+    scripted = model_request_data(
+        choice["prompt_token_ids"],
+        choice["token_ids"],
+        log_probs=choice["logprobs"]["token_logprobs"],
+        version=4,
+        model=stack.server.model_name,
+    )
+    real = _leaves(recorded)
+    varying = {("latency_ms",), ("server", "endpoint"), ("response", "choices", 0, "finish_reason")}
+    assert {path: value for path, value in _leaves(scripted).items() if path not in varying} == {
+        path: real.get(path, "<absent>") for path in _leaves(scripted) if path not in varying
+    }
+
+
+@contextmanager
+def _idle_rollouts(stack: Stack, n: int) -> Iterator[list[str]]:
+    """``n`` rollouts no agent runs (the gateway only needs their ids), deleted afterwards."""
+    ids = [uuid.uuid4().hex for _ in range(n)]
+    stack.trainer_client.create_rollouts([RolloutCreate(rollout_id=rid, input="1") for rid in ids])
+    try:
+        yield ids
+    finally:
+        for rid in ids:
+            stack.trainer_client.delete_rollout(rid)
+
+
+def _gateway_call(stack: Stack, rollout_id: str) -> int:
+    """One completions call through the gateway for ``rollout_id``; its HTTP status."""
+    url = f"{stack.server.url}/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1/completions"
+    body = {"model": stack.server.model_name, "prompt": _PROBE_TEXT, "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {stack.server.key}"}
+    return httpx.post(url, json=body, headers=headers, timeout=60).status_code
+
+
+def _served_version(stack: Stack, rollout_id: str) -> int:
+    return stack.trainer_client.get_events(rollout_id, triplet=True)[-1].data["server"]["version"]
+
+
+def test_a_registration_without_the_old_endpoint_sends_every_call_to_the_new_one(stack: Stack) -> None:
+    live = stack.vllm.url.removeprefix("http://")
+    client = stack.trainer_client
+    client.register_models(model_registrations(stack.server.model_name, ["127.0.0.1:9"], version=1))
+    client.register_models(model_registrations(stack.server.model_name, [live], version=2))
+    with _idle_rollouts(stack, 6) as ids:
+        statuses = [_gateway_call(stack, rid) for rid in ids]
+        versions = [_served_version(stack, rid) for rid in ids]
+    assert statuses == [200] * 6
+    assert versions == [2] * 6
+
+
+def test_model_calls_during_reregistration_never_find_the_model_missing(stack: Stack) -> None:
+    live = [stack.vllm.url.removeprefix("http://")]
+    client = stack.trainer_client
+    statuses: list[int] = []
+    done = threading.Event()
+    client.register_models(model_registrations(stack.server.model_name, live, version=0))
+    with _idle_rollouts(stack, 1) as [rollout_id]:
+
+        def call_until_done() -> None:
+            while not done.is_set():
+                statuses.append(_gateway_call(stack, rollout_id))
+
+        caller = threading.Thread(target=call_until_done)
+        caller.start()
+        try:
+            for version in range(1, 21):
+                client.register_models(model_registrations(stack.server.model_name, live, version=version))
+                # Each re-registration is followed by at least one whole call.
+                n_calls = len(statuses)
+                deadline = time.monotonic() + 60
+                while len(statuses) <= n_calls:
+                    assert time.monotonic() < deadline, f"no model call completed after version {version}"
+                    time.sleep(0.005)
+        finally:
+            done.set()
+            caller.join(timeout=120)
+        last = _served_version(stack, rollout_id)
+    assert statuses and set(statuses) == {200}
+    assert last == 20
+
+
+def test_stopping_vllm_leaves_no_process_of_its_group(tmp_path: Path) -> None:
+    """Its own vLLM: stopping the module's shared one would take it from the tests shuffled after."""
+    vllm = start_vllm(_python(vllm_cpu_spec()), tiny_model.build_tiny_model(tmp_path / "model"), tmp_path)
+    pid = vllm.process.pid
     assert pid is not None
-    stack.vllm.stop()
+    vllm.stop()
     # SIGKILLed members of the group may take a moment to be reaped by init.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _group_exists(pid):
