@@ -98,3 +98,17 @@ def test_ci_selects_the_reproducible_hypothesis_profile(
     run = _pytest(tmp_path, _PROFILE, **env)
     assert run.returncode == 0, run.stdout + run.stderr
     assert expected in run.stdout
+
+
+def test_no_test_module_skips_on_a_missing_package_outside_agl_testing_requirements() -> None:
+    """``pytest.importorskip`` of a whole package skips quietly on a broken install; the one way to
+    skip for something missing is :mod:`agl_testing.requirements` (the CI gate knows its reasons)."""
+    repo = TESTS_DIR.parent
+    test_files = [*repo.glob("packages/*/tests/**/*.py"), *TESTS_DIR.glob("**/*.py")]
+    offenders = sorted(
+        str(path.relative_to(repo))
+        for path in test_files
+        if path.name not in {"requirements.py", Path(__file__).name}
+        and "importorskip(" in path.read_text(encoding="utf-8")
+    )
+    assert offenders == []

@@ -451,7 +451,6 @@ def engine_micro_batches(max_token_len: int) -> tuple[list[Any], list[list[int]]
 
 @skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)  # verl 0.9's ppo_loss; 0.7/0.8 import flash_attn there
 def test_rollout_index_loss_carries_each_micro_batchs_index_into_gspo_per_rollout() -> None:
-    pytest.importorskip("verl.workers.utils.losses")
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
 

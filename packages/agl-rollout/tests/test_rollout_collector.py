@@ -79,10 +79,8 @@ def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglS
         # With K=1, (K + 1) * B groups start before the first step: one step's worth runs ahead.
         first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
         # While the taken step trains (step_done not yet called) the other B groups complete.
-        with collector._lock:  # pyright: ignore[reportPrivateUsage]  (wait on the collector's own condition)
-            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
-                lambda: collector.manager.n_complete == B, timeout=TAKE_TIMEOUT_S
-            )
+        collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
+        assert collector.manager.n_complete == B
         assert samples.handed_out == [0, 1, 2, 3]  # and no more start: K * B are already held
         collector.step_done()
         second = collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
@@ -121,10 +119,8 @@ def test_over_age_groups_are_dropped_and_counted(fresh_agl_server: AglServerProc
         FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0}, 0, 3)),
         GroupCollector(_manager(client, max_groups=3), samples, StalenessGate(max_staleness=1)) as collector,
     ):
-        with collector._lock:  # pyright: ignore[reportPrivateUsage]
-            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
-                lambda: collector.manager.n_complete == 3, timeout=TAKE_TIMEOUT_S
-            )
+        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        assert collector.manager.n_complete == 3
         taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
     assert _xs(taken.groups) == [1, 2]
     assert taken.metrics["training/async/dropped_stale"] == 1.0
@@ -157,10 +153,8 @@ def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
             _manager(client, max_groups=3), samples, StalenessGate(max_staleness=1, strategy="requeue")
         ) as collector,
     ):
-        with collector._lock:  # pyright: ignore[reportPrivateUsage]
-            assert collector._lock.wait_for(  # pyright: ignore[reportPrivateUsage]
-                lambda: collector.manager.n_complete == 3, timeout=TAKE_TIMEOUT_S
-            )
+        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        assert collector.manager.n_complete == 3
         while 0 not in trained:
             taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
             assert taken.metrics["training/async/dropped_stale"] == 0.0

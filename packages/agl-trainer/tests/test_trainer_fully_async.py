@@ -12,17 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-from agl_testing.agents import AgentBehaviour, FakeAgents  # noqa: E402
-from agl_testing.agl_server import TEST_KEY, AglServerProcess  # noqa: E402
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
-from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
-from agl_trainer.workers import ray_runtime_env  # noqa: E402
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.trainer_spies import record_trained_data_ids
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.trainer import AglRayPPOTrainer
+from agl_trainer.workers import ray_runtime_env
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -105,10 +104,8 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
         # Inside the update, the collector keeps harvesting: the next step's groups complete now.
         collector = trainer.collection.collector
         assert collector is not None
-        with collector._lock:  # pyright: ignore[reportPrivateUsage]  (wait on the collector's own condition)
-            completed_during_update.append(
-                collector._lock.wait_for(lambda: collector.manager.n_complete >= B, timeout=WAIT_S)  # pyright: ignore[reportPrivateUsage]
-            )
+        collector.wait_complete(B, timeout_s=WAIT_S)
+        completed_during_update.append(True)
         return update_actor(batch)
 
     def recording_step(timing: dict[str, float]) -> dict[str, Any]:
@@ -134,33 +131,20 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
     assert len(state["async_state"]["groups"]) >= 1  # what ran during the last update is carried, not lost
 
 
-def _trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
-    """Spy on the adapter: the data id of every rollout a training batch is built from."""
-    seen: list[str] = []
-    build_batch = trainer.adapter.build_batch
-
-    def recording(completed: Any, **kwargs: Any) -> Any:
-        seen.extend(rollout.data_id for rollout in completed)
-        return build_batch(completed, **kwargs)
-
-    trainer.adapter.build_batch = recording  # type: ignore[method-assign]
-    return seen
-
-
 def test_a_resumed_fully_async_run_trains_the_checkpointed_groups_once_and_nothing_twice(
     fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:
     unbounded = "agentlightning.fully_async.max_staleness=null"  # the fake agents record version 0 only
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
         first = _trainer(fresh_agl_server, tmp_path, unbounded)
-        trained_before = _trained_data_ids(first)
+        trained_before = record_trained_data_ids(first)
         try:
             first.fit()
         finally:
             first.shutdown()
         state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
         resumed = _trainer(fresh_agl_server, tmp_path, unbounded, "trainer.total_training_steps=3")
-        trained_after = _trained_data_ids(resumed)
+        trained_after = record_trained_data_ids(resumed)
         try:
             resumed.fit()
         finally:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("verl")
-
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.settings import validate_config
 

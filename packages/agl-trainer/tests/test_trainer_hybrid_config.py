@@ -12,9 +12,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("verl")
-
 from omegaconf import DictConfig
 from verl.utils.config import omega_conf_to_dataclass
 

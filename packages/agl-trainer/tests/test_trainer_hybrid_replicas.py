@@ -24,25 +24,22 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import ray
+import torch
+from omegaconf import DictConfig
+from ray.exceptions import RayActorError
+from transformers import AutoModelForCausalLM
+from verl.workers.rollout import base as rollout_base
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-import torch  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-from ray.exceptions import RayActorError  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from verl.workers.rollout import base as rollout_base  # noqa: E402
-from verl.workers.rollout.base import BaseRollout  # noqa: E402
-from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry  # noqa: E402
-
-from agl_trainer import cli  # noqa: E402
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
-from agl_trainer.entrypoint import build_trainer, compose_config  # noqa: E402
-from agl_trainer.replicas import VerlReplicas  # noqa: E402
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.trainer import AglRayPPOTrainer  # noqa: E402
-from agl_trainer.workers import ray_runtime_env, setup_worker_process  # noqa: E402
+from agl_trainer import cli
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.replicas import VerlReplicas
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.trainer import AglRayPPOTrainer
+from agl_trainer.workers import ray_runtime_env, setup_worker_process
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

@@ -17,18 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import ray
+import torch
+from verl import DataProto
 
-pytest.importorskip("verl")
-ray = pytest.importorskip("ray")
-
-import torch  # noqa: E402
-from verl import DataProto  # noqa: E402
-
-from agl_testing.requirements import missing_requirement  # noqa: E402
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES  # noqa: E402
-from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec  # noqa: E402
-from agl_trainer.tiny_model import build_tiny_model  # noqa: E402
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env  # noqa: E402
+from agl_testing.requirements import missing_requirement
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec
+from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

@@ -12,9 +12,6 @@ import math
 import re
 
 import pytest
-
-pytest.importorskip("verl")
-
 import torch
 from omegaconf import DictConfig, OmegaConf
 from verl import DataProto

@@ -17,6 +17,7 @@ import ray
 
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.trainer_spies import record_trained_data_ids
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.tiny_model import build_tiny_model
@@ -180,7 +181,7 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
         _release_workers(trainer)  # free the CPUs for the resumed trainer's workers
 
         resumed = _trainer(model_path, fresh_agl_server, tmp_path, *extra, "trainer.total_training_steps=3")
-        trained = _record_trained_data_ids(resumed)
+        trained = record_trained_data_ids(resumed)
         resumed_pushes = _record_weight_pushes(resumed)
         resumed.fit()
     assert resumed.global_steps == 4
@@ -271,19 +272,6 @@ def test_fit_finishes_the_tracker_with_exit_code_1_when_a_step_raises(
     with pytest.raises(RuntimeError, match="step broke"):
         trainer.fit()
     assert exit_codes == [1]
-
-
-def _record_trained_data_ids(trainer: AglRayPPOTrainer) -> list[str]:
-    """Spy on the adapter: the data id of every rollout the trainer builds a training batch from."""
-    seen: list[str] = []
-    build_batch = trainer.adapter.build_batch
-
-    def recording(completed: Any, **kwargs: Any) -> Any:
-        seen.extend(rollout.data_id for rollout in completed)
-        return build_batch(completed, **kwargs)
-
-    trainer.adapter.build_batch = recording  # type: ignore[method-assign]
-    return seen
 
 
 def _record_weight_pushes(trainer: AglRayPPOTrainer) -> list[str]:

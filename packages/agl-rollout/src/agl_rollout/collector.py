@@ -146,15 +146,23 @@ class GroupCollector:
 
     def wait_polls(self, n: int, *, timeout_s: float) -> None:
         """Block until the thread has finished ``n`` more sweeps (``TimeoutError`` after ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
         with self._lock:
             target = self.n_polls + n
-            while self.n_polls < target:
+        self._wait(lambda: self.n_polls >= target, f"{n} more sweeps", timeout_s)
+
+    def wait_complete(self, n_groups: int, *, timeout_s: float) -> None:
+        """Block until at least ``n_groups`` complete groups are held (``TimeoutError`` after ``timeout_s``)."""
+        self._wait(lambda: self.manager.n_complete >= n_groups, f"{n_groups} complete groups", timeout_s)
+
+    def _wait(self, done: Callable[[], bool], what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not done():
                 if self._error is not None:
                     raise CollectorError(f"the rollout collector failed: {self._error!r}") from self._error
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"the collector did not finish {n} sweeps within {timeout_s} s")
+                    raise TimeoutError(f"the collector did not reach {what} within {timeout_s} s")
                 self._lock.wait(remaining)
 
     def step_done(self) -> None:
