@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agl_trainer.demo import agent_slots
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.settings import validate_config
 
@@ -59,3 +60,31 @@ def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_ke
         match=r"keep serving during the update, but agentlightning\.external_servers\.endpoints is empty",
     ):
         validate_config(compose_config([ON, "trainer.device=cuda"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "groups"),
+    [
+        ([], 4),
+        (
+            [
+                "agentlightning.async_rollout.enabled=true",
+                "agentlightning.async_rollout.async_train_batch_size=6",
+            ],
+            6,
+        ),
+        ([ON], 8),
+        ([ON, "agentlightning.fully_async.max_staleness=0"], 4),
+        ([ON, "agentlightning.fully_async.max_staleness=2"], 12),
+        ([ON, "agentlightning.fully_async.max_staleness=null"], 8),
+        ([ON, "agentlightning.fully_async.max_groups_in_flight=5"], 5),
+    ],
+)
+def test_each_mode_keeps_its_groups_in_flight_and_the_demo_runs_an_agent_for_each_rollout(
+    overrides: list[str], groups: int
+) -> None:
+    config = compose_config(
+        [EXTERNAL, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=3", *overrides]
+    )
+    assert validate_config(config).groups_in_flight(4) == groups
+    assert agent_slots(config) == 3 * groups

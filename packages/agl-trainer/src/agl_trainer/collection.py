@@ -82,15 +82,12 @@ class Collection:
         )
 
     def _groups_in_flight(self) -> int:
-        settings = self.settings
-        if not settings.fully_async:
-            return int(settings.async_train_batch_size or 0)
-        if settings.max_groups_in_flight is not None:
-            return int(settings.max_groups_in_flight)
-        bound = 1 if settings.max_staleness is None else settings.max_staleness
+        groups = self.settings.groups_in_flight(self.train_batch_size)
+        if not self.fully_async:
+            return groups
         # The manager holds more than one step's groups; the collector's admission rule caps it at
         # (K + 1) x train_batch_size, which for K=0 is exactly one step's.
-        return max((bound + 1) * self.train_batch_size, self.train_batch_size + 1)
+        return max(groups, self.train_batch_size + 1)
 
     # -- life cycle ------------------------------------------------------------------------------
 

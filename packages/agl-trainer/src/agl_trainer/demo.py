@@ -38,6 +38,7 @@ from agl_trainer.local import (
     vllm_cpu_spec,
 )
 from agl_trainer.plot import plot_metrics
+from agl_trainer.settings import AglSettings
 from agl_trainer.tiny_model import build_tiny_model
 
 DEMO_STEPS = 25
@@ -141,16 +142,8 @@ def with_file_logger(config: DictConfig) -> DictConfig:
 
 def agent_slots(config: DictConfig) -> int:
     """How many local agents run at once: every rollout the configured mode keeps in flight."""
-    agl, n = config.agentlightning, int(config.actor_rollout_ref.rollout.n)
-    groups = int(config.data.train_batch_size)
-    if agl.async_rollout.enabled:
-        groups = int(agl.async_rollout.async_train_batch_size)
-    elif agl.fully_async.enabled:
-        bound = agl.fully_async.max_staleness
-        groups = int(
-            agl.fully_async.max_groups_in_flight or (1 if bound is None else int(bound) + 1) * groups
-        )
-    return n * groups
+    groups = AglSettings.from_config(config).groups_in_flight(int(config.data.train_batch_size))
+    return int(config.actor_rollout_ref.rollout.n) * groups
 
 
 def run_embedded_default(

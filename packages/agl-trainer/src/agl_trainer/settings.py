@@ -54,6 +54,18 @@ class AglSettings:
         """Path 1: no external endpoints, so verl's hybrid-engine vLLM replicas serve the agents."""
         return not self.external_endpoints
 
+    def groups_in_flight(self, train_batch_size: int) -> int:
+        """How many groups the configured mode keeps running at once."""
+        if self.async_enabled:
+            return int(self.async_train_batch_size or 0)
+        if not self.fully_async:
+            return train_batch_size
+        if self.max_groups_in_flight is not None:
+            return self.max_groups_in_flight
+        # (K + 1) steps' groups; with no bound, as many as with K = 1.
+        bound = 1 if self.max_staleness is None else self.max_staleness
+        return (bound + 1) * train_batch_size
+
     @property
     def drain(self) -> Drain:
         """How the gateway is paused and drained before weights change."""
