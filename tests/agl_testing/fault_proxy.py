@@ -7,11 +7,13 @@ client connection instead of relaying the answer (``"drop_response"``: the serve
 the client never hears of it), or answers ``503 Service Unavailable`` itself without
 forwarding (``"answer_503"``: a fake fault standing in for an overloaded server or a load
 balancer with no healthy backend, which the real agl-server cannot be made to produce).
-Every request it reads is logged in ``requests``. Standard library only.
+Every request it reads is logged in ``requests``, and the status of every response it relays in
+``statuses``. Standard library only.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 import threading
@@ -93,10 +95,12 @@ class FaultProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._rules: list[FaultRule] = []
+        self._fraction: tuple[Fault, float, random.Random] | None = None
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.injected: list[tuple[str, str, Fault]] = []
         self.requests: list[tuple[str, str]] = []
+        self.statuses: list[int] = []
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
     @property
@@ -107,6 +111,11 @@ class FaultProxy:
         """Apply ``fault`` to the next ``times`` requests ``method path_prefix...``."""
         with self._lock:
             self._rules.append(FaultRule(method.upper(), path_prefix, fault, times))
+
+    def inject_fraction(self, fault: Fault, fraction: float, *, seed: int = 0) -> None:
+        """Apply ``fault`` to each request no rule matched with probability ``fraction`` (seeded)."""
+        with self._lock:
+            self._fraction = (fault, fraction, random.Random(seed))
 
     def start(self) -> FaultProxy:
         self._thread.start()
@@ -135,6 +144,11 @@ class FaultProxy:
                     rule.remaining -= 1
                     self.injected.append((rule.method, path.decode(), rule.fault))
                     return rule.fault
+            if self._fraction is not None:
+                fault, fraction, rng = self._fraction
+                if rng.random() < fraction:
+                    self.injected.append((method.decode(), path.decode(), fault))
+                    return fault
         return None
 
     def _accept(self) -> None:
@@ -167,6 +181,8 @@ class FaultProxy:
                 if response is None or fault == "drop_response":
                     _reset(client)
                     return
+                with self._lock:
+                    self.statuses.append(int(response.split(b" ", 2)[1]))
                 client.sendall(response)
         except OSError:
             _reset(client)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -58,6 +59,30 @@ def test_create_whose_answer_is_lost_is_retried_without_a_duplicate(
     assert sorted(agents.stats.claimed) == sorted(ids)  # the server never held a ninth rollout
     assert faults[("POST", "drop_response")] == 1 and faults[("POST", "reset")] == 1
     assert faults[("GET", "reset")] == 2 and faults[("GET", "drop_response")] == 2
+
+
+def test_a_dropped_response_is_retried_at_once_on_a_new_connection_and_a_refused_one_backs_off(
+    agl_server: AglServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    slow = RetryPolicy(max_attempts=4, base_delay_s=0.3, max_delay_s=0.3, jitter=0.0, deadline_s=20.0)
+    with FaultProxy(agl_server.port) as proxy, AglClient(proxy.url, TEST_KEY, retry=slow) as client:
+        proxy.inject("GET", "/api/rollouts/terminal", "drop_response", times=3)
+        with caplog.at_level(logging.WARNING, logger="agl_rollout"):
+            page = client.terminal_page(0)
+    with (
+        AglClient("http://127.0.0.1:9", TEST_KEY, retry=slow) as nowhere,
+        caplog.at_level(logging.WARNING, logger="agl_rollout"),
+        pytest.raises(AglUnavailableError, match="failed after 4 tries"),
+    ):
+        nowhere.terminal_page(0)
+    delays = [
+        float(r.getMessage().rsplit("retry_in_s=", 1)[1])
+        for r in caplog.records
+        if "retry_in_s=" in r.getMessage()
+    ]
+    assert page.total_terminal >= 0
+    assert [path for _, path in proxy.requests] == ["/api/rollouts/terminal?after=0&limit=1000"] * 4
+    assert delays == [0.0, 0.0, 0.0, 0.3, 0.3, 0.3]
 
 
 def _once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None]) -> threading.Thread:

@@ -98,13 +98,14 @@ def test_complete_retries_after_the_paused_gateways_429_then_succeeds(
         )
         caller.start()
         deadline = time.monotonic() + 60
-        while not proxy.requests:  # the first call reached the paused gateway (and got its 429)
-            assert time.monotonic() < deadline, "the agent's call never reached the gateway"
+        while 429 not in proxy.statuses:  # the paused gateway answered the agent's first call
+            assert time.monotonic() < deadline, "the paused gateway never answered the agent"
             time.sleep(0.02)
         client.resume()
         caller.join(timeout=60)
         calls = [path for _, path in proxy.requests]
     assert result == [[3]]
+    assert proxy.statuses[0] == 429 and proxy.statuses[-1] == 200
     assert len(calls) >= 2 and all(path.endswith("/openai/v1/completions") for path in calls)
 
 

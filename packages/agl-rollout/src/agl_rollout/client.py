@@ -246,7 +246,12 @@ class AglClient:
                     raise AglHTTPError(method, self._url(path), response.status_code, _detail(response))
                 retryable = mode == "idempotent"
                 failure = response
-            delay = next(delays, None) if retryable else None
+            if not retryable or attempt >= self.retry.max_attempts:
+                delay = None
+            elif isinstance(failure, DROPPED_CONNECTION_ERRORS):
+                delay = 0.0  # the connection died under the call, not the server: a new one works at once
+            else:
+                delay = next(delays, None)
             elapsed = time.monotonic() - started
             if delay is None or elapsed + delay > self.retry.deadline_s:
                 raise self._give_up(method, path, failure, attempt, elapsed)
@@ -276,6 +281,12 @@ class AglClient:
             f"{_describe(failure)}; check that agl-server is running at {self.base_url} "
             "(or raise RetryPolicy.deadline_s for a slow restart)"
         )
+
+
+DROPPED_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+"""Transport errors of a connection that was reset or closed under a call (not a refused connect,
+not a timeout): such a call is retried at once on a new connection, with no back-off (a server
+that is really gone refuses the new connection, and that error backs off)."""
 
 
 def _describe(failure: httpx.TransportError | httpx.Response) -> str:

@@ -14,7 +14,10 @@ class RetryPolicy:
     The delay before try ``i + 1`` is ``min(base_delay_s * 2**i, max_delay_s)`` scaled by a
     uniform jitter in ``[1 - jitter, 1 + jitter]``; retrying stops after ``max_attempts``
     tries or once ``deadline_s`` seconds have passed since the first try, whichever is first.
-    4xx answers are never retried: asking again would get the same answer.
+    4xx answers are never retried: asking again would get the same answer. A call whose
+    connection was reset or closed under it (a dropped response) is retried at once on a new
+    connection, within ``max_attempts`` but without a delay: a drop costs a round trip, not a
+    back-off. A server that is really gone refuses the new connection, and that backs off.
     """
 
     max_attempts: int = 8
