@@ -240,6 +240,94 @@ def test_loss_equals_verl_vanilla_token_sum_scaled_by_dp(
     assert_loss_equals_vanilla(loss_inputs(seed), config, their_mode="token-sum")
 
 
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
+@pytest.mark.parametrize("loss_mode", ["vanilla", "cispo", "gpg", "dppo_tv"])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), dp_size=st.integers(1, 4))
+def test_a_verl_token_level_loss_is_registered_summed_over_tokens(
+    loss_mode: str, seed: int, dp_size: int
+) -> None:
+    config = actor_config()
+    config.global_batch_info.update({"dp_size": dp_size, "batch_num_tokens": 7})
+    old, new, advantages, mask, weights = loss_inputs(seed)
+    summed = core_algos.get_policy_loss_fn(f"rollout_summed:{loss_mode}")
+    # the actor's own loss_agg_mode (token-mean here) is overridden for the policy term only
+    ours, our_metrics = summed(
+        old_log_prob=old,
+        log_prob=new,
+        advantages=advantages,
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=config,
+        rollout_is_weights=weights,
+    )
+    theirs, their_metrics = core_algos.get_policy_loss_fn(loss_mode)(
+        old, new, advantages, mask, "token-sum", config, weights
+    )
+    mean, _ = core_algos.get_policy_loss_fn(loss_mode)(
+        old, new, advantages, mask, "token-mean", config, weights
+    )
+    torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(ours, mean * 7)  # token-mean divides the same masked sum by 7 tokens
+    assert our_metrics == pytest.approx(their_metrics)
+
+
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
+def test_sequence_level_verl_losses_are_not_registered_summed() -> None:
+    summed = {name for name in core_algos.POLICY_LOSS_REGISTRY if name.startswith("rollout_summed:")}
+    assert summed == {f"rollout_summed:{name}" for name in agl_verl.VERL_TOKEN_LEVEL_LOSSES}
+    assert not summed & {"rollout_summed:gspo", "rollout_summed:geo_mean", "rollout_summed:sapo"}
+
+
+@skip_unless(verl_has_token_sum(), TOKEN_SUM_REASON)
+@pytest.mark.parametrize("loss_mode", ["vanilla", "cispo"])
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), cut=st.integers(1, 5))
+def test_a_rollout_split_into_two_rows_gives_the_same_summed_verl_loss_and_gradient(
+    loss_mode: str, seed: int, cut: int
+) -> None:
+    # rollout a: 6 tokens, one row or cut into two rows at `cut`; rollout b: 3 tokens, one row
+    gen = torch.Generator().manual_seed(seed)
+    old, new = torch.randn(9, generator=gen), torch.randn(9, generator=gen) * 0.3
+    new = old + new
+    token_adv = torch.tensor([1.5] * 6 + [-0.5] * 3)
+    summed = core_algos.get_policy_loss_fn(f"rollout_summed:{loss_mode}")
+
+    def loss_and_grad(
+        row_tokens: list[list[int]], rollout_ids: list[str]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (len(row_tokens), 6)
+        o, n, a, m = (
+            torch.zeros(shape),
+            torch.zeros(shape),
+            torch.zeros(shape),
+            torch.zeros(shape, dtype=torch.bool),
+        )
+        for row, tokens in enumerate(row_tokens):
+            cols = torch.arange(len(tokens))
+            o[row, cols], n[row, cols] = old[tokens], new[tokens]
+            a[row, cols], m[row, cols] = token_adv[tokens], True
+        log_prob = n.clone().requires_grad_(True)
+        normalized = normalize_advantages_by_rollout(a, m.long(), rollout_ids)
+        loss, _ = summed(
+            old_log_prob=o,
+            log_prob=log_prob,
+            advantages=normalized,
+            response_mask=m,
+            loss_agg_mode="token-mean",
+            config=actor_config(),
+            rollout_is_weights=None,
+        )
+        loss.backward()
+        assert log_prob.grad is not None
+        return loss.detach(), log_prob.grad[m]
+
+    whole = loss_and_grad([list(range(6)), [6, 7, 8]], ["a", "b"])
+    split = loss_and_grad([list(range(cut)), list(range(cut, 6)), [6, 7, 8]], ["a", "a", "b"])
+    torch.testing.assert_close(split[0], whole[0])
+    torch.testing.assert_close(split[1], whole[1])
+
+
 def data_proto(
     row_rewards: list[float],
     mask: torch.Tensor,

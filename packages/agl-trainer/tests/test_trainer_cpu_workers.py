@@ -23,7 +23,7 @@ PROMPT_LEN, RESPONSE_LEN, ROWS = 8, 12, 4
 ADVANTAGES = (1.0, -1.0, 0.5, -0.5)
 
 
-def tiny_overrides(model_path: Path) -> list[str]:
+def tiny_overrides(model_path: Path, loss_mode: str = "per_rollout_mean") -> list[str]:
     return [
         *CPU_MODE_OVERRIDES,
         f"actor_rollout_ref.model.path={model_path}",
@@ -32,7 +32,7 @@ def tiny_overrides(model_path: Path) -> list[str]:
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={ROWS}",
         "actor_rollout_ref.actor.use_dynamic_bsz=false",
         "actor_rollout_ref.actor.optim.lr=1e-2",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=per_rollout_mean",
+        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
         "actor_rollout_ref.actor.use_kl_loss=true",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={ROWS}",
         "actor_rollout_ref.rollout.name=vllm",
@@ -56,6 +56,12 @@ def policy(model_path: Path) -> Iterator[PolicyWorkers]:
         yield build_policy_workers(config)
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def gspo_policy(policy: PolicyWorkers, model_path: Path) -> PolicyWorkers:
+    """A second actor/ref group in the same cluster, training ``gspo_per_rollout``."""
+    return build_policy_workers(compose_verl_config(tiny_overrides(model_path, "gspo_per_rollout")))
 
 
 def rollout_batch() -> DataProto:
@@ -156,3 +162,16 @@ def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
     mask = rollout_batch().batch["response_mask"]
     actor = policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
     torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)
+
+
+def test_the_actors_loss_reads_each_rows_rollout_index_for_gspo_per_rollout(
+    gspo_policy: PolicyWorkers,
+) -> None:
+    batch = rollout_batch()
+    batch = batch.union(gspo_policy.compute_log_prob(batch)).union(gspo_policy.compute_ref_log_prob(batch))
+    batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
+    with pytest.raises(Exception, match="gspo_per_rollout needs each row's rollout index"):
+        gspo_policy.update_actor(batch)
+    batch.batch["rollout_index"] = torch.tensor([0, 0, 1, 1])
+    # ratio 1 at the first update: minus the token sum of the advantages, as for per_rollout_mean
+    assert gspo_policy.update_actor(batch)["actor/pg_loss"] == [pytest.approx(-7.0, abs=1e-5)]

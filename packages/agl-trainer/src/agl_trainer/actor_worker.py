@@ -16,6 +16,8 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
+from agl_algos.verl import with_rollout_index
+
 __all__ = ("AglActorRefWorker",)
 
 # verl's Dispatch is a dynamic enum whose members type checkers cannot see.
@@ -27,6 +29,15 @@ _HF_SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")
 
 class AglActorRefWorker(ActorRolloutRefWorker):
     """verl's actor/ref worker plus what agl's external-server path and start-up checks need."""
+
+    @register(dispatch_mode=_ONE_TO_ALL)
+    def init_model(self) -> None:
+        """verl's, then the actor's loss function reads each micro-batch's ``rollout_index`` (for
+        ``gspo_per_rollout``; a micro-batch without one leaves every other loss unchanged)."""
+        super().init_model()
+        if self.actor is not None:
+            self.loss_fn = with_rollout_index(self.loss_fn)
+            self.actor.set_loss_fn(self.loss_fn)
 
     @register(dispatch_mode=_ONE_TO_ALL)
     def save_hf_weights(self, path: str) -> int:

@@ -13,8 +13,10 @@ model call is in flight while the weights change; in the fully-async mode it sta
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from omegaconf import DictConfig
 
 from agl_rollout import (
     AglClient,
@@ -26,8 +28,10 @@ from agl_rollout import (
     RolloutManagerConfig,
     StalenessGate,
     SyncRolloutManager,
+    load_hooks,
     model_registrations,
 )
+from agl_trainer.dynamic_sampling import DynamicSampling
 from agl_trainer.settings import AglSettings
 from agl_types import CompletedRollout, ModelRegistration
 
@@ -52,11 +56,13 @@ class Collection:
         top_up: BatchTopUp,
         registrations: Registrations,
         hooks: RolloutHooks | None,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.train_batch_size = train_batch_size
         self.gen_batch_size = gen_batch_size
+        self.dynamic_sampling = dynamic_sampling
         self._top_up = top_up
         self._registrations = registrations
         self._hooks = hooks
@@ -66,6 +72,37 @@ class Collection:
         if settings.async_enabled or settings.fully_async:
             self.async_manager = self._async_manager(None)
         self.collector: GroupCollector | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: DictConfig,
+        settings: AglSettings,
+        client: AglClient,
+        top_up: BatchTopUp,
+        registrations: Registrations,
+    ) -> Collection:
+        """The collection ``config`` describes: the managers' settings, batch sizes, hooks and
+        dynamic sampling."""
+        data = config.data
+        return cls(
+            client,
+            settings,
+            RolloutManagerConfig(
+                train_rollout_n=int(config.actor_rollout_ref.rollout.n),
+                rollout_timeout_seconds=settings.rollout_timeout_seconds,
+                poll_interval_seconds=settings.poll_interval_seconds,
+                local_agent_class=settings.local_agent_class,
+                local_env_map=settings.local_env_map,
+                k8s_job_template_path=settings.k8s_job_template_path,
+            ),
+            train_batch_size=int(data.train_batch_size),
+            gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),
+            top_up=top_up,
+            registrations=registrations,
+            hooks=load_hooks(settings.hooks) if settings.hooks else None,
+            dynamic_sampling=DynamicSampling.from_config(config, settings),
+        )
 
     @property
     def fully_async(self) -> bool:
@@ -124,7 +161,17 @@ class Collection:
     def train_rollouts(
         self, step: int, trained_version: int
     ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """The step's completed rollouts (GRPO siblings adjacent) and the collection's metrics."""
+        """The step's completed rollouts (GRPO siblings adjacent) and the collection's metrics,
+        through dynamic sampling when it is on."""
+        if self.dynamic_sampling is None:
+            return self._generation_batch(step, trained_version)
+        return self.dynamic_sampling.collect(
+            lambda: self._generation_batch(step, trained_version), self.train_batch_size, step
+        )
+
+    def _generation_batch(
+        self, step: int, trained_version: int
+    ) -> tuple[list[CompletedRollout], dict[str, float]]:
         if self.collector is not None:
             timeout_s = 2 * self.settings.rollout_timeout_seconds + self.settings.drain_timeout_seconds
             collected = self.collector.take(trained_version, timeout_s=timeout_s)
@@ -151,17 +198,26 @@ class Collection:
         if self.collector is not None:
             self.collector.step_done()
 
-    def val_rollouts(self, batch: Any, step: int) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """One validation batch, waited for whole (the fully-async mode leaves the gateway open)."""
-        if self.fully_async:
-            result = self.sync_manager.enqueue_and_wait_until_completed(batch, is_train=False, step=step)
-            return result.completed, result.metrics
-        return self._drained(
-            step,
-            lambda: self.sync_manager.enqueue_and_wait_until_completed(
-                batch, is_train=False, step=step, models=self._registrations()
-            ),
-        )
+    def val_rollouts(
+        self, batches: Iterable[Any], step: int
+    ) -> tuple[list[CompletedRollout], dict[str, float]]:
+        """Every validation batch, each waited for whole (the fully-async mode leaves the gateway
+        open), and the last wait's drain metrics under ``val/``."""
+        completed: list[CompletedRollout] = []
+        drain: dict[str, float] = {}
+        for batch in batches:
+            if self.fully_async:
+                result = self.sync_manager.enqueue_and_wait_until_completed(batch, is_train=False, step=step)
+                rollouts, drain = result.completed, result.metrics
+            else:
+                rollouts, drain = self._drained(
+                    step,
+                    lambda batch=batch: self.sync_manager.enqueue_and_wait_until_completed(
+                        batch, is_train=False, step=step, models=self._registrations()
+                    ),
+                )
+            completed.extend(rollouts)
+        return completed, {key.replace("training/", "val/", 1): value for key, value in drain.items()}
 
     def _drained(self, step: int, wait: Callable[[], Any]) -> tuple[list[CompletedRollout], dict[str, float]]:
         """Resume the gateway, ``wait``, then pause and drain it: no model call spans a weight change."""

@@ -19,17 +19,19 @@ class RunState:
     weight_version: int
     async_state: AsyncRolloutState | None
 
-    def save(self, folder: Path) -> None:
+    def save(self, config: DictConfig, step: int) -> None:
+        """Write the state into the checkpoint folder of ``step``, next to verl's files."""
         held = self.async_state.model_dump(mode="json") if self.async_state is not None else None
-        (folder / STATE_FILE).write_text(
+        (checkpoint_folder(config, step) / STATE_FILE).write_text(
             json.dumps({"weight_version": self.weight_version, "async_state": held})
         )
 
     @classmethod
-    def load(cls, folder: Path) -> RunState | None:
-        """The state saved in ``folder``; None when there is none (a checkpoint of verl alone)."""
-        path = folder / STATE_FILE
-        if not path.exists():
+    def load(cls, config: DictConfig, step: int) -> RunState | None:
+        """The state saved with the checkpoint of ``step``; None at step 0 (a fresh run) or when the
+        folder has none (a checkpoint of verl alone)."""
+        path = checkpoint_folder(config, step) / STATE_FILE
+        if not step or not path.exists():
             return None
         state = json.loads(path.read_text())
         held = state["async_state"]

@@ -11,10 +11,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agl_adapter import RolloutAdapter
 from agl_trainer.drain import Drain
 
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
-PER_ROLLOUT_MEAN = "per_rollout_mean"
 PROCESSED_LOGPROBS = "processed_logprobs"
 GPU_ROLLOUT_BACKENDS = ("vllm", "sglang", "trtllm")
 """verl's rollout backends, all of which need GPUs."""
@@ -65,6 +65,18 @@ class AglSettings:
         # (K + 1) steps' groups; with no bound, as many as with K = 1.
         bound = 1 if self.max_staleness is None else self.max_staleness
         return (bound + 1) * train_batch_size
+
+    def adapter(self, tokenizer: Any) -> RolloutAdapter:
+        """The adapter these settings describe, padding with ``tokenizer``'s pad id (0 if none)."""
+        return RolloutAdapter(
+            max_prompt_length=self.max_prompt_length,
+            max_response_length=self.max_response_length,
+            pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
+            trace_aggregator_level=self.level,  # pyright: ignore[reportArgumentType]  (validated)
+            reward_fillna_value=self.reward_fillna_value,
+            tokenizer=tokenizer,
+            drop_failed_rollouts=self.drop_failed_rollouts,
+        )
 
     @property
     def drain(self) -> Drain:
@@ -169,7 +181,19 @@ def validate_config(config: DictConfig) -> AglSettings:
         _check_logprobs_mode(config)
         _check_replica_model_name(config)
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
+    _check_algorithm_stages(config, settings)
     return settings
+
+
+def _check_algorithm_stages(config: DictConfig, settings: AglSettings) -> None:
+    """Per-rollout normalisation, overlong shaping and dynamic sampling read their keys here first."""
+    from agl_trainer.dynamic_sampling import DynamicSampling
+    from agl_trainer.overlong import OverlongShaping
+    from agl_trainer.rollout_normalization import RolloutNormalization
+
+    RolloutNormalization.from_config(config)
+    OverlongShaping.from_config(config, settings.max_response_length)
+    DynamicSampling.from_config(config, settings)
 
 
 def _check_fully_async(settings: AglSettings) -> None:
@@ -276,7 +300,6 @@ def _check_loss_mode_registered(loss_mode: str) -> None:
 
 __all__ = (
     "GPU_ROLLOUT_BACKENDS",
-    "PER_ROLLOUT_MEAN",
     "PROCESSED_LOGPROBS",
     "TRACE_AGGREGATOR_LEVELS",
     "AglSettings",

@@ -3,7 +3,9 @@
 verl keeps the optimiser, FSDP, KL, the critic, checkpointing and the worker RPCs; what changes is where a
 step's data comes from: rollouts queued on agl-server and run by agents anywhere, their
 ``model_request`` events turned into training rows by agl-adapter, with agl-algos' rollout-level
-advantage and per-rollout-mean loss. The step, in order, is :meth:`AglRayPPOTrainer.train_step`.
+advantage and per-rollout losses. The step, in order, is :meth:`AglRayPPOTrainer.train_step`; each
+stage has its module: collection (with dynamic sampling), adapter, overlong shaping, batching,
+correction, advantages, rollout normalisation, publisher.
 """
 
 from __future__ import annotations
@@ -24,18 +26,19 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
-from agl_adapter import EmptyBatchError, RolloutAdapter
-from agl_algos import normalize_advantages_by_rollout, rows_per_rollout_metrics
-from agl_rollout import AglClient, BatchTopUp, RolloutManagerConfig, load_hooks
+from agl_adapter import EmptyBatchError
+from agl_rollout import AglClient, BatchTopUp
 from agl_trainer.advantages import Advantages
 from agl_trainer.batching import cut_batch
 from agl_trainer.collection import Collection, registrations_for
 from agl_trainer.correction import compute_old_log_probs, configure_actor_loss, validate_rollout_correction
 from agl_trainer.datasets import collate_rows
+from agl_trainer.overlong import OverlongShaping
 from agl_trainer.publisher import Publisher
 from agl_trainer.replicas import VerlReplicas
-from agl_trainer.run_state import RunState, checkpoint_folder
-from agl_trainer.settings import PER_ROLLOUT_MEAN, AglSettings, gateway_model_name, validate_config
+from agl_trainer.rollout_normalization import RolloutNormalization
+from agl_trainer.run_state import RunState
+from agl_trainer.settings import AglSettings, gateway_model_name, validate_config
 from agl_trainer.weights import NoWeightPush, WeightPusher
 from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
 from agl_types import CompletedRollout
@@ -50,9 +53,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
     ``agentlightning.external_servers.endpoints``, to which the publisher's ``weight_pusher`` gives the actor's
     weights after each update; or, with that list empty, verl's own vLLM replicas, which
     :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
-    The three stages are :mod:`~agl_trainer.collection`, the step's math
-    (:mod:`~agl_trainer.batching`, :mod:`~agl_trainer.advantages`, verl's workers) and
-    :mod:`~agl_trainer.publisher`.
     """
 
     def __init__(
@@ -66,7 +66,10 @@ class AglRayPPOTrainer(RayPPOTrainer):
     ) -> None:
         self.settings: AglSettings = validate_config(config)
         self.correction = validate_rollout_correction(config)
-        configure_actor_loss(config, self.correction)  # before the workers copy the actor config
+        self.normalization = RolloutNormalization.from_config(config)
+        # before the workers copy the actor config
+        configure_actor_loss(config, self.correction)
+        self.normalization.configure_actor(config)
         super().__init__(
             config=config,
             tokenizer=tokenizer,
@@ -79,29 +82,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
         )
         self.endpoints = list(self.settings.external_endpoints)
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
-        hooks = load_hooks(self.settings.hooks) if self.settings.hooks else None
         self.weight_version = 0
         registrations = registrations_for(
             gateway_model_name(config), self.endpoints, lambda: self.weight_version
         )
-        data = config.data
-        self.collection = Collection(
-            self.client,
-            self.settings,
-            RolloutManagerConfig(
-                train_rollout_n=int(config.actor_rollout_ref.rollout.n),
-                rollout_timeout_seconds=self.settings.rollout_timeout_seconds,
-                poll_interval_seconds=self.settings.poll_interval_seconds,
-                local_agent_class=self.settings.local_agent_class,
-                local_env_map=self.settings.local_env_map,
-                k8s_job_template_path=self.settings.k8s_job_template_path,
-            ),
-            train_batch_size=int(data.train_batch_size),
-            gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),
-            top_up=BatchTopUp(lambda: iter(self.train_dataloader)),
-            registrations=registrations,
-            hooks=hooks,
-        )
+        top_up = BatchTopUp(lambda: iter(self.train_dataloader))
+        self.collection = Collection.from_config(config, self.settings, self.client, top_up, registrations)
         self.collection.sync_manager.hooks.startup()
         self.publisher = Publisher(
             self.client,
@@ -110,15 +96,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
             fully_async=self.settings.fully_async,
             drain=self.settings.drain,
         )
-        self.adapter = RolloutAdapter(
-            max_prompt_length=self.settings.max_prompt_length,
-            max_response_length=self.settings.max_response_length,
-            pad_token_id=getattr(tokenizer, "pad_token_id", None) or 0,
-            trace_aggregator_level=self.settings.level,
-            reward_fillna_value=self.settings.reward_fillna_value,
-            tokenizer=tokenizer,
-            drop_failed_rollouts=self.settings.drop_failed_rollouts,
-        )
+        self.adapter = self.settings.adapter(tokenizer)
+        self.overlong = OverlongShaping.from_config(config, self.settings.max_response_length)
         self.advantages = Advantages(config, use_critic=self.use_critic)
         self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
         self.policy_workers: PolicyWorkers | None = None
@@ -141,14 +120,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         if workers.critic is not None:
             self.critic_wg = workers.critic
         self.distillation_config = None  # pyright: ignore[reportAttributeAccessIssue]  (no distillation)
-        loss_mode = str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode)
-        if loss_mode == PER_ROLLOUT_MEAN:
-            seen = workers.describe_policy_loss()
-            if not all(name.endswith("compute_policy_loss_per_rollout_mean") for name in seen):
-                raise RuntimeError(
-                    f"the actor workers resolve loss_mode={loss_mode!r} to {seen}; the Ray worker setup hook "
-                    "did not register agl's loss (run through agl_trainer.run_ppo)"
-                )
+        workers.check_policy_loss(str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode))
         if self.settings.uses_verl_replicas:
             self.replicas = VerlReplicas.start(self.config, workers)
             self.endpoints[:] = self.replicas.addresses
@@ -203,9 +175,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 metrics["training/n_sample_trained"] = 0
                 return
         metrics.update(adapter_metrics)
+        batch = built.to_data_proto()
+        if self.overlong is not None:
+            self.overlong.apply(batch, metrics)
         with marked_timer("cut", timing):
             batch = cut_batch(
-                built.to_data_proto(),
+                batch,
                 self.config,
                 metrics,
                 max_ppo_update_times=self.settings.max_ppo_update_times,
@@ -236,27 +211,13 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 batch = batch.union(self.workers.compute_values(batch))
         with marked_timer("adv", timing):
             self.advantages.compute(batch, metrics)
-            if str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode) == PER_ROLLOUT_MEAN:
-                rollout_ids = batch.non_tensor_batch["rollout_id_list"]
-                batch.batch["advantages"] = normalize_advantages_by_rollout(
-                    batch.batch["advantages"],
-                    batch.batch["response_mask"],
-                    rollout_ids,
-                    divisor=self.config.algorithm.get("per_rollout_divisor", "rollouts"),
-                    num_trained_rows=len(batch),
-                )
-                metrics.update(rows_per_rollout_metrics(rollout_ids))
+            self.normalization.apply(batch, metrics)
         if self.use_critic:
             with marked_timer("update_critic", timing):
                 metrics.update(reduce_metrics(self.workers.update_critic(batch)))
         if int(self.config.trainer.critic_warmup) <= self.global_steps:
             with marked_timer("update_actor", timing):
-                actor_metrics = self.workers.update_actor(batch)
-            metrics.update(
-                reduce_metrics(
-                    {f"actor/{k}" if not k.startswith("actor/") else k: v for k, v in actor_metrics.items()}
-                )
-            )
+                metrics.update(reduce_metrics(self.workers.update_actor(batch)))
             self.weight_version = self.global_steps
         with marked_timer("update_weights", timing):
             metrics.update(self.publisher.publish(self.workers, self.weight_version))
@@ -266,26 +227,16 @@ class AglRayPPOTrainer(RayPPOTrainer):
 
     def validate(self) -> dict[str, float]:
         """Run every validation batch through the rollout path; metrics over all of them at once."""
-        completed: list[CompletedRollout] = []
-        drain: dict[str, float] = {}
-        for batch in self.val_dataloader:
-            rollouts, drain = self.collection.val_rollouts(batch, self.global_steps)
-            completed.extend(rollouts)
-        return {
-            **self.adapter.get_test_metrics(completed, global_steps=self.global_steps),
-            **_val_prefixed(drain),
-        }
+        completed, drain = self.collection.val_rollouts(self.val_dataloader, self.global_steps)
+        return {**self.adapter.get_test_metrics(completed, global_steps=self.global_steps), **drain}
 
     def _save_checkpoint(self) -> None:
         super()._save_checkpoint()
-        folder = checkpoint_folder(self.config, self.global_steps)
-        RunState(self.weight_version, self.collection.state()).save(folder)
+        RunState(self.weight_version, self.collection.state()).save(self.config, self.global_steps)
 
     def _load_checkpoint(self) -> Any:
         result = super()._load_checkpoint()
-        state = (
-            RunState.load(checkpoint_folder(self.config, self.global_steps)) if self.global_steps else None
-        )
+        state = RunState.load(self.config, self.global_steps)
         if state is not None:
             self.weight_version = state.weight_version
             if state.async_state is not None:
@@ -342,10 +293,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
             progress.update(1)
             self.global_steps += 1
         progress.close()
-
-
-def _val_prefixed(metrics: dict[str, float]) -> dict[str, float]:
-    return {key.replace("training/", "val/", 1): value for key, value in metrics.items()}
 
 
 __all__ = ("AglRayPPOTrainer",)

@@ -180,7 +180,7 @@ class PolicyWorkers:
         return DataProto.from_tensordict(tu.get_tensordict({"ref_log_prob": log_probs}))
 
     def update_actor(self, batch: DataProto) -> dict[str, Any]:
-        """One PPO update of the actor on ``batch``; returns verl's actor metrics.
+        """One PPO update of the actor on ``batch``; returns verl's actor metrics, each under ``actor/``.
 
         ``batch`` holds the rollout tensors plus ``old_log_probs`` and ``advantages`` (B, R) (and
         ``ref_log_prob`` with KL loss), as ``RayPPOTrainer._update_actor`` receives it.
@@ -201,7 +201,8 @@ class PolicyWorkers:
             dataloader_kwargs={"shuffle": actor_config.shuffle},
             compute_loss=True,
         )
-        return dict(tu.get(self.actor.update_actor(batch_td), "metrics"))
+        metrics = tu.get(self.actor.update_actor(batch_td), "metrics")
+        return {key if key.startswith("actor/") else f"actor/{key}": value for key, value in metrics.items()}
 
     def compute_values(self, batch: DataProto) -> DataProto:
         """The critic's value estimates of ``batch``'s responses: ``values``, (B, R)."""
@@ -254,6 +255,23 @@ class PolicyWorkers:
     def describe_policy_loss(self) -> list[str]:
         """Per rank, ``module.qualname`` of the policy-loss function the actor workers resolve."""
         return list(self.actor.describe_policy_loss())
+
+    def check_policy_loss(self, loss_mode: str) -> None:
+        """Raise unless every actor rank resolves ``loss_mode`` to the driver's function.
+
+        A loss registered in the driver but not in the workers (a missing setup hook) would
+        otherwise fail only at the first update, or train with another function of that name.
+        """
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        loss_fn = get_policy_loss_fn(loss_mode)
+        expected = f"{loss_fn.__module__}.{loss_fn.__qualname__}"
+        seen = self.describe_policy_loss()
+        if any(name != expected for name in seen):
+            raise RuntimeError(
+                f"the actor workers resolve loss_mode={loss_mode!r} to {seen}, the driver to {expected}; "
+                "the Ray worker setup hook did not register agl's losses (run through agl_trainer.run_ppo)"
+            )
 
 
 def build_policy_workers(

@@ -31,6 +31,7 @@ __all__ = (
     "SUPPORTED_VERL",
     "compute_advantage_fn",
     "register_policy_loss",
+    "verl_policy_losses",
     "verl_version",
     "warn_if_unsupported",
 )
@@ -109,6 +110,11 @@ def _check_policy_loss_signature(core_algos: Any, loss_fn: Callable[..., Any]) -
             called_with,
             expected,
         )
+
+
+def verl_policy_losses() -> dict[str, Callable[..., Any]]:
+    """verl's policy-loss registry itself (``POLICY_LOSS_REGISTRY``), by loss mode."""
+    return _core_algos().POLICY_LOSS_REGISTRY
 
 
 def register_policy_loss(name: str, loss_fn: Callable[..., Any]) -> None:

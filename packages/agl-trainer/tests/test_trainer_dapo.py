@@ -1,0 +1,176 @@
+"""DAPO in the trainer: overlong reward shaping on a batch, dynamic sampling over generation batches."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from verl import DataProto
+
+from agl_trainer.dynamic_sampling import DynamicSampling
+from agl_trainer.entrypoint import compose_config
+from agl_trainer.overlong import OverlongShaping
+from agl_trainer.settings import validate_config
+from agl_types import CompletedRollout, RolloutState
+
+pytestmark = pytest.mark.verl
+
+_OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
+
+
+def _overlong(*overrides: str) -> OverlongShaping | None:
+    return OverlongShaping.from_config(compose_config(list(overrides)), max_response_length=8)
+
+
+def test_overlong_shaping_is_off_unless_enabled() -> None:
+    assert _overlong() is None
+    assert (
+        _overlong(f"{_OVERLONG}.enable=false", f"{_OVERLONG}.len=4", f"{_OVERLONG}.penalty_factor=1.0")
+        is None
+    )
+
+
+def test_overlong_penalty_is_added_to_every_row_of_a_long_rollout_on_its_last_response_token() -> None:
+    shaping = _overlong(f"{_OVERLONG}.enable=true", f"{_OVERLONG}.len=4", f"{_OVERLONG}.penalty_factor=2.0")
+    assert shaping is not None
+    # responses 8 wide; rollout a: rows of 3 + 3 trained tokens (6 of max 8, buffer 4 -> 2 over 4:
+    # penalty -2/4*2 = -1.0), rollout b: one row of 4 tokens (not over 8 - 4: no penalty)
+    response_mask = torch.zeros(3, 8, dtype=torch.int64)
+    response_mask[0, :3] = response_mask[1, :3] = response_mask[2, :4] = 1
+    attention = torch.cat([torch.ones(3, 2, dtype=torch.int64), response_mask], dim=1)
+    scores = torch.zeros(3, 8)
+    scores[0, 2], scores[1, 2], scores[2, 3] = 1.0, 1.0, 0.5
+    batch = DataProto.from_dict(
+        tensors={"response_mask": response_mask, "attention_mask": attention, "token_level_scores": scores},
+        non_tensors={"rollout_id_list": np.array(["a", "a", "b"], dtype=object)},
+    )
+    metrics: dict[str, float] = {}
+    shaping.apply(batch, metrics)
+    expected = torch.zeros(3, 8)
+    expected[0, 2], expected[1, 2], expected[2, 3] = 0.0, 0.0, 0.5
+    torch.testing.assert_close(batch.batch["token_level_scores"], expected)
+    assert metrics == {
+        "training/overlong/penalty_mean": pytest.approx(-2 / 3),
+        "training/overlong/rows_penalized": 2,
+    }
+
+
+def test_overlong_max_length_is_verls_max_resp_len_when_given() -> None:
+    shaping = _overlong(
+        f"{_OVERLONG}.enable=true",
+        f"{_OVERLONG}.len=4",
+        f"{_OVERLONG}.penalty_factor=1.0",
+        "+reward.reward_kwargs.max_resp_len=16",
+    )
+    assert shaping is not None and shaping.buffer.max_response_length == 16
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            [f"{_OVERLONG}.enable=true", f"{_OVERLONG}.len=0", f"{_OVERLONG}.penalty_factor=1.0"],
+            "overlong_buffer.len must be",
+        ),
+        ([f"{_OVERLONG}.enable=true", f"{_OVERLONG}.len=4"], "overlong_buffer needs len and penalty_factor"),
+        (
+            ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc"],
+            "algorithm.filter_groups.metric='acc'",
+        ),
+    ],
+)
+def test_a_bad_dapo_key_fails_at_start_naming_it(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate_config(compose_config(overrides))
+
+
+def _rollout(data_id: str, reward: float | None, n: int) -> CompletedRollout:
+    return CompletedRollout(
+        rollout_id=f"{data_id}-{n}",
+        data_id=data_id,
+        step=1,
+        sample_idx_in_step=0,
+        enqueue_time=0.0,
+        final_reward=reward,
+        rollout_state=RolloutState.SUCCEEDED,
+    )
+
+
+def _group(data_id: str, *rewards: float | None) -> list[CompletedRollout]:
+    return [_rollout(data_id, reward, n) for n, reward in enumerate(rewards)]
+
+
+def _batches(*batches: list[CompletedRollout]) -> Iterator[tuple[list[CompletedRollout], dict[str, float]]]:
+    for n, batch in enumerate(batches):
+        yield batch, {"training/gen_batch": float(n)}
+
+
+def _sampling(max_num_gen_batches: int = 0, *, refill: bool = True) -> DynamicSampling:
+    return DynamicSampling(max_num_gen_batches, reward_fillna_value=0.0, refill=refill)
+
+
+def test_dynamic_sampling_is_off_unless_filter_groups_is_enabled() -> None:
+    config = compose_config()
+    assert DynamicSampling.from_config(config, validate_config(config)) is None
+    keys = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3"]
+    config = compose_config([*keys, "agentlightning.reward_fillna_value=0.5"])
+    assert DynamicSampling.from_config(config, validate_config(config)) == DynamicSampling(
+        3, 0.5, refill=True
+    )
+    external = ["agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]", "trainer.device=cpu"]
+    config = compose_config([*keys, "agentlightning.fully_async.enabled=true", *external])
+    assert DynamicSampling.from_config(config, validate_config(config)) == DynamicSampling(
+        3, 0.0, refill=False
+    )
+
+
+def test_dynamic_sampling_refills_the_batch_from_more_generation_batches() -> None:
+    batches = _batches(
+        _group("a", 1, 1) + _group("b", 0, 1),  # a has no signal
+        _group("c", 0, 0) + _group("d", None, 1),  # c has none either; d's missing reward is 0.0
+    )
+    rollouts, metrics = _sampling().collect(lambda: next(batches), train_batch_size=2, step=1)
+    assert [r.rollout_id for r in rollouts] == ["b-0", "b-1", "d-0", "d-1"]
+    assert metrics == {
+        "training/gen_batch": 1.0,
+        "training/dynamic_sampling/groups_kept": 2,
+        "training/dynamic_sampling/groups_filtered": 2,
+        "training/dynamic_sampling/gen_batches": 2,
+        "training/dynamic_sampling/groups_surplus": 0,
+    }
+
+
+def test_dynamic_sampling_stops_at_max_num_gen_batches_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    batches = _batches(_group("a", 1, 1) + _group("b", 0, 1), _group("c", 0, 0), _group("d", 0, 1))
+    with caplog.at_level(logging.WARNING, logger="agl_trainer"):
+        rollouts, metrics = _sampling(2).collect(lambda: next(batches), train_batch_size=2, step=7)
+    assert [r.data_id for r in rollouts] == ["b", "b"]
+    assert metrics["training/dynamic_sampling/gen_batches"] == 2
+    assert "step 7: dynamic sampling kept 1 of 2 groups after 2 generation batches" in caplog.text
+
+
+def test_dynamic_sampling_trains_train_batch_size_groups_and_counts_the_surplus() -> None:
+    batches = _batches(_group("a", 1, 0) + _group("b", 0, 1) + _group("c", 1, 1) + _group("d", 0.5, 1))
+    rollouts, metrics = _sampling().collect(lambda: next(batches), train_batch_size=2, step=1)
+    assert [r.data_id for r in rollouts] == ["a", "a", "b", "b"]
+    assert (
+        metrics["training/dynamic_sampling/groups_surplus"],
+        metrics["training/dynamic_sampling/groups_filtered"],
+    ) == (1, 1)
+
+
+def test_dynamic_sampling_without_refill_filters_the_one_batch_it_takes() -> None:
+    batches = _batches(_group("a", 1, 1) + _group("b", 0, 1), _group("c", 0, 1))
+    rollouts, metrics = _sampling(refill=False).collect(lambda: next(batches), train_batch_size=2, step=1)
+    assert [r.data_id for r in rollouts] == ["b", "b"]
+    assert metrics["training/dynamic_sampling/gen_batches"] == 1
+
+
+def test_dynamic_sampling_keeps_a_group_of_one_rollout() -> None:
+    batches = _batches(_group("a", 1.0))
+    rollouts, _ = _sampling().collect(lambda: next(batches), train_batch_size=1, step=1)
+    assert [r.data_id for r in rollouts] == ["a"]

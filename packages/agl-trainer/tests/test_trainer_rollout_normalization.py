@@ -1,0 +1,110 @@
+"""One rollout, one vote for every loss mode: ``algorithm.normalize_by_rollout`` at start-up and on a batch."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from verl import DataProto
+from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+from agl_trainer.entrypoint import compose_config
+from agl_trainer.rollout_normalization import RolloutNormalization
+from agl_trainer.settings import validate_config
+
+pytestmark = pytest.mark.verl
+
+_LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
+
+
+def _configured(*overrides: str) -> tuple[RolloutNormalization, str]:
+    config = compose_config(list(overrides))
+    validate_config(config)
+    normalization = RolloutNormalization.from_config(config)
+    normalization.configure_actor(config)
+    normalization.configure_actor(config)  # idempotent
+    return normalization, str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
+
+
+@pytest.mark.parametrize("loss_mode", ["per_rollout_mean", "cispo_per_rollout_mean", "gspo_per_rollout"])
+def test_agl_losses_keep_their_mode_and_are_normalised_by_default(loss_mode: str) -> None:
+    normalization, actor_mode = _configured(f"{_LOSS_MODE}={loss_mode}")
+    assert (normalization.enabled, normalization.divisor, actor_mode) == (True, "rollouts", loss_mode)
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "cispo", "clip_cov"])
+def test_a_verl_token_level_loss_runs_summed_over_tokens_under_normalisation(loss_mode: str) -> None:
+    normalization, actor_mode = _configured(f"{_LOSS_MODE}={loss_mode}")
+    assert actor_mode == f"rollout_summed:{loss_mode}"
+    assert normalization.loss_mode == loss_mode
+    assert get_policy_loss_fn(actor_mode).__wrapped__ is get_policy_loss_fn(loss_mode)  # pyright: ignore[reportFunctionMemberAccess]
+
+
+def test_normalisation_off_trains_a_verl_loss_per_row_as_verl_does() -> None:
+    normalization, actor_mode = _configured(f"{_LOSS_MODE}=gspo", "algorithm.normalize_by_rollout=false")
+    assert (normalization.enabled, actor_mode) == (False, "gspo")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.normalize_by_rollout=false"], "needs algorithm.normalize_by_rollout=true"),
+        ([f"{_LOSS_MODE}=gspo"], "use gspo_per_rollout"),
+        ([f"{_LOSS_MODE}=geo_mean"], "use gspo_per_rollout"),
+        ([f"{_LOSS_MODE}=sapo"], "set algorithm.normalize_by_rollout=false"),
+        (["algorithm.normalize_by_rollout=sometimes"], "algorithm.normalize_by_rollout='sometimes'"),
+        (["algorithm.per_rollout_divisor=tokens"], "algorithm.per_rollout_divisor='tokens'"),
+        (
+            [f"{_LOSS_MODE}=vanilla", "algorithm.rollout_correction.bypass_mode=true"],
+            "algorithm.rollout_correction.bypass_mode=true",
+        ),
+    ],
+)
+def test_a_loss_that_cannot_weigh_rollouts_equally_fails_at_start_naming_the_key(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate_config(compose_config(overrides))
+
+
+def _batch(rollout_ids: list[str], tokens: list[int]) -> DataProto:
+    mask = torch.zeros(len(tokens), 4, dtype=torch.int64)
+    for row, n in enumerate(tokens):
+        mask[row, :n] = 1
+    return DataProto.from_dict(
+        tensors={"advantages": torch.full((len(tokens), 4), 2.0) * mask, "response_mask": mask},
+        non_tensors={"rollout_id_list": np.array(rollout_ids, dtype=object)},
+    )
+
+
+@pytest.mark.parametrize(("divisor", "count"), [("rollouts", 2), ("rows", 3)])
+def test_apply_divides_each_row_by_its_rollouts_tokens_times_the_steps_count(
+    divisor: str, count: int
+) -> None:
+    # rollout a spans two rows (3 + 1 tokens), b one row (2 tokens)
+    batch = _batch(["a", "b", "a"], [3, 2, 1])
+    metrics: dict[str, float] = {}
+    RolloutNormalization(True, divisor, "per_rollout_mean").apply(batch, metrics)  # pyright: ignore[reportArgumentType]
+    expected = torch.tensor([2 / (4 * count)] * 3 + [0.0], dtype=torch.float32)
+    torch.testing.assert_close(batch.batch["advantages"][0], expected)
+    torch.testing.assert_close(batch.batch["advantages"][1, :2], torch.full((2,), 2 / (2 * count)))
+    torch.testing.assert_close(batch.batch["advantages"][2, :1], torch.full((1,), 2 / (4 * count)))
+    assert metrics == {"training/rows_per_rollout_mean": 1.5}
+    assert "rollout_index" not in batch.batch
+
+
+def test_apply_gives_gspo_per_rollout_each_rows_rollout_index() -> None:
+    batch = _batch(["b", "a", "b", "c"], [1, 1, 1, 1])
+    RolloutNormalization(True, "rollouts", "gspo_per_rollout").apply(batch, {})
+    assert batch.batch["rollout_index"].tolist() == [0, 1, 0, 2]
+    assert batch.batch["rollout_index"].dtype == torch.int64
+
+
+def test_apply_with_normalisation_off_leaves_advantages_and_logs_rows_per_rollout() -> None:
+    batch = _batch(["a", "a"], [2, 2])
+    metrics: dict[str, float] = {}
+    RolloutNormalization(False, "rollouts", "vanilla").apply(batch, metrics)
+    torch.testing.assert_close(batch.batch["advantages"], _batch(["a", "a"], [2, 2]).batch["advantages"])
+    assert metrics == {"training/rows_per_rollout_mean": 2.0}
