@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agl_algos import (
+    ROLLOUT_LOSS_AGG_MODES,
     PolicyLossConfig,
     RolloutDivisor,
+    RolloutLossAggMode,
     compute_policy_loss_cispo_per_rollout_mean,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
@@ -282,7 +284,10 @@ def split_rollouts(
 
 
 def loss_and_token_grads(
-    loss_fn: LossFn, batch: SplitBatch, divisor: RolloutDivisor
+    loss_fn: LossFn,
+    batch: SplitBatch,
+    divisor: RolloutDivisor,
+    loss_agg_mode: RolloutLossAggMode = "seq-mean-token-mean",
 ) -> tuple[float, list[float]]:
     advantages = normalize_advantages_by_rollout(
         batch.advantages,
@@ -290,6 +295,8 @@ def loss_and_token_grads(
         batch.rollout_of_row,
         divisor=divisor,
         num_trained_rows=len(batch.rollout_of_row),
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=8,
     )
     log_prob = batch.new.clone().requires_grad_(True)
     with rollout_index_context(torch.tensor(batch.rollout_of_row)):
@@ -313,24 +320,28 @@ def rollouts(draw: st.DrawFn) -> tuple[list[list[float]], list[list[float]], lis
     return old, new, draw(st.lists(st.floats(-2, 2), min_size=len(old), max_size=len(old)))
 
 
+@pytest.mark.parametrize("loss_agg_mode", ROLLOUT_LOSS_AGG_MODES)
 @pytest.mark.parametrize("loss_name", sorted(PER_ROLLOUT_LOSSES))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(batch=rollouts(), data=st.data())
 def test_a_rollout_split_into_1_2_or_5_rows_gives_the_same_loss_and_gradient(
-    loss_name: str, batch: tuple[list[list[float]], list[list[float]], list[float]], data: st.DataObject
+    loss_name: str,
+    loss_agg_mode: RolloutLossAggMode,
+    batch: tuple[list[list[float]], list[list[float]], list[float]],
+    data: st.DataObject,
 ) -> None:
     old, new, advantages = batch
     splits = data.draw(st.lists(st.sampled_from([1, 2, 5]), min_size=len(old), max_size=len(old)))
     loss_fn = PER_ROLLOUT_LOSSES[loss_name]
     whole = split_rollouts(old, new, advantages, [1] * len(old))
     split = split_rollouts(old, new, advantages, splits)
-    one_row_loss, one_row_grads = loss_and_token_grads(loss_fn, whole, "rollouts")
-    split_loss, split_grads = loss_and_token_grads(loss_fn, split, "rollouts")
+    one_row_loss, one_row_grads = loss_and_token_grads(loss_fn, whole, "rollouts", loss_agg_mode)
+    split_loss, split_grads = loss_and_token_grads(loss_fn, split, "rollouts", loss_agg_mode)
     assert split_loss == pytest.approx(one_row_loss, rel=1e-9, abs=1e-12)
     assert split_grads == pytest.approx(one_row_grads, rel=1e-9, abs=1e-12)
-    # 1.0.2's rows divisor scales the same loss by rollouts / rows
-    rows_loss, _ = loss_and_token_grads(loss_fn, split, "rows")
-    n_rows = len(split.rollout_of_row)
+    # 1.0.2's rows divisor scales the same loss by rollouts / rows (token-sum has no count)
+    rows_loss, _ = loss_and_token_grads(loss_fn, split, "rows", loss_agg_mode)
+    n_rows = len(split.rollout_of_row) if loss_agg_mode != "token-sum" else len(old)
     assert rows_loss == pytest.approx(split_loss * len(old) / n_rows, rel=1e-9, abs=1e-12)
 
 

@@ -34,6 +34,50 @@ def test_every_rollout_gets_mass_one_over_trained_rows() -> None:
     assert masses == pytest.approx([1 / 3, 1 / 3], abs=1e-7)
 
 
+@pytest.mark.parametrize(
+    ("loss_agg_mode", "a_row", "b_row"),
+    [
+        # rollouts A (two rows, 3 tokens) and B (one row, 3 tokens); advantage 6 everywhere; 2 rollouts
+        ("seq-mean-token-mean", 6 / (3 * 2), 6 / (3 * 2)),
+        ("token-mean", 6 / (3 * 2), 6 / (3 * 2)),
+        ("seq-mean-token-sum", 6 / 2, 6 / 2),
+        ("seq-mean-token-sum-norm", 6 / (2 * 4), 6 / (2 * 4)),
+        ("token-sum", 6.0, 6.0),
+    ],
+)
+def test_each_loss_agg_mode_takes_rollouts_as_its_sequences(
+    loss_agg_mode: str, a_row: float, b_row: float
+) -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    out = normalize_advantages_by_rollout(
+        torch.full((3, 3), 6.0),
+        mask,
+        ["A", "A", "B"],
+        loss_agg_mode=loss_agg_mode,  # pyright: ignore[reportArgumentType]
+        loss_scale_factor=4,
+    )
+    assert out.tolist() == [[a_row] * 3, [a_row] * 3, [b_row] * 3]
+
+
+def test_seq_mean_token_sum_norm_needs_a_positive_loss_scale_factor() -> None:
+    with pytest.raises(ValueError, match=r"needs loss_scale_factor > 0, got None"):
+        normalize_advantages_by_rollout(
+            torch.ones(1, 2), torch.ones(1, 2), ["a"], loss_agg_mode="seq-mean-token-sum-norm"
+        )
+
+
+def test_an_unknown_loss_agg_mode_is_refused_with_the_supported_ones() -> None:
+    with pytest.raises(
+        ValueError, match=r"Unsupported loss_agg_mode: 'seq-sum'. Supported: \['seq-mean-token-mean'"
+    ):
+        normalize_advantages_by_rollout(
+            torch.ones(1, 2),
+            torch.ones(1, 2),
+            ["a"],
+            loss_agg_mode="seq-sum",  # pyright: ignore[reportArgumentType]
+        )
+
+
 def test_divisor_is_clamped_at_one_for_a_rollout_without_tokens() -> None:
     mask = torch.tensor([[0, 0], [1, 1]])
     out = normalize_advantages_by_rollout(

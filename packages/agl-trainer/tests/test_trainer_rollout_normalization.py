@@ -57,6 +57,10 @@ def test_normalisation_off_trains_a_verl_loss_per_row_as_verl_does() -> None:
         (["algorithm.normalize_by_rollout=sometimes"], "algorithm.normalize_by_rollout='sometimes'"),
         (["algorithm.per_rollout_divisor=tokens"], "algorithm.per_rollout_divisor='tokens'"),
         (
+            ["actor_rollout_ref.actor.loss_agg_mode=seq-max"],
+            "actor_rollout_ref.actor.loss_agg_mode='seq-max'",
+        ),
+        (
             [f"{_LOSS_MODE}=vanilla", "algorithm.rollout_correction.bypass_mode=true"],
             "algorithm.rollout_correction.bypass_mode=true",
         ),
@@ -108,3 +112,22 @@ def test_apply_with_normalisation_off_leaves_advantages_and_logs_rows_per_rollou
     RolloutNormalization(False, "rollouts", "vanilla").apply(batch, metrics)
     torch.testing.assert_close(batch.batch["advantages"], _batch(["a", "a"], [2, 2]).batch["advantages"])
     assert metrics == {"training/rows_per_rollout_mean": 2.0}
+
+
+def test_dr_grpos_loss_agg_mode_divides_by_the_rollouts_and_the_max_response_length() -> None:
+    normalization, _ = _configured(
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=16",
+    )
+    assert (normalization.loss_agg_mode, normalization.loss_scale_factor) == ("seq-mean-token-sum-norm", 16.0)
+    batch = _batch(["a", "b", "a"], [3, 2, 1])
+    normalization.apply(batch, {})
+    torch.testing.assert_close(batch.batch["advantages"][1, :2], torch.full((2,), 2 / (2 * 16)))
+
+
+def test_an_explicit_loss_scale_factor_wins_over_the_max_response_length() -> None:
+    normalization, _ = _configured(
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "actor_rollout_ref.actor.loss_scale_factor=5",
+    )
+    assert normalization.loss_scale_factor == 5.0

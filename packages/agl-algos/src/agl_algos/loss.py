@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +34,9 @@ __all__ = (
     "LOG_RATIO_CLAMP",
     "PER_ROLLOUT_MEAN_LOSS_MODE",
     "ROLLOUT_DIVISORS",
+    "ROLLOUT_LOSS_AGG_MODES",
     "RolloutDivisor",
+    "RolloutLossAggMode",
     "compute_policy_loss_cispo_per_rollout_mean",
     "compute_policy_loss_gspo_per_rollout",
     "compute_policy_loss_per_rollout_mean",
@@ -59,6 +61,14 @@ RolloutDivisor = Literal["rollouts", "rows"]
 
 ROLLOUT_DIVISORS: tuple[RolloutDivisor, ...] = ("rollouts", "rows")
 """The accepted values of ``algorithm.per_rollout_divisor``; ``"rollouts"`` is the default."""
+
+RolloutLossAggMode = Literal[
+    "seq-mean-token-mean", "token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum"
+]
+"""verl's ``loss_agg_mode`` values, read with rollouts as the sequences (see
+:func:`normalize_advantages_by_rollout`)."""
+
+ROLLOUT_LOSS_AGG_MODES: tuple[RolloutLossAggMode, ...] = get_args(RolloutLossAggMode)
 
 CodeArray = npt.NDArray[np.int64] | torch.Tensor
 """Rollout codes, one int64 per row."""
@@ -150,8 +160,19 @@ def normalize_advantages_by_rollout(
     num_trained_rows: int | None = None,
     num_trained_rollouts: int | None = None,
     rollout_codes: CodeArray | None = None,
+    loss_agg_mode: RolloutLossAggMode = "seq-mean-token-mean",
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Divide each row's advantages by (trained tokens of its rollout x the step's count).
+
+    That is the default ``loss_agg_mode``; a loss summing the tokens of the result then aggregates
+    as verl's ``loss_agg_mode`` does with each rollout as one sequence:
+
+    - ``"seq-mean-token-mean"`` and ``"token-mean"``: tokens of the rollout x count (mean over
+      rollouts of each rollout's token mean);
+    - ``"seq-mean-token-sum"``: count (mean over rollouts of each rollout's token sum);
+    - ``"seq-mean-token-sum-norm"``: count x ``loss_scale_factor`` (Dr. GRPO's constant, required);
+    - ``"token-sum"``: 1.
 
     ``advantages``, ``response_mask`` (N, T); ``rollout_ids`` (N,) -> (N, T) in the advantages' dtype.
     The count is the step's whole trained batch (not a mini-batch), so mini-batch updates sum to the
@@ -176,10 +197,26 @@ def normalize_advantages_by_rollout(
             f"response_mask {tuple(response_mask.shape)} must have the shape of advantages "
             f"{tuple(advantages.shape)}"
         )
+    if loss_agg_mode not in ROLLOUT_LOSS_AGG_MODES:
+        raise ValueError(
+            f"Unsupported loss_agg_mode: {loss_agg_mode!r}. Supported: {list(ROLLOUT_LOSS_AGG_MODES)}"
+        )
     codes = _codes(rollout_ids, rollout_codes, n_rows, advantages.device)
+    if loss_agg_mode == "token-sum":
+        return advantages.clone()
     count = _step_count(mode, codes, num_trained_rows, num_trained_rollouts)
-    tokens = _token_totals(response_mask, codes)
-    return advantages / (tokens * count).clamp_min(1).to(advantages.dtype).unsqueeze(-1)
+    if loss_agg_mode in ("seq-mean-token-mean", "token-mean"):
+        tokens = _token_totals(response_mask, codes)
+        return advantages / (tokens * count).clamp_min(1).to(advantages.dtype).unsqueeze(-1)
+    scale = 1.0
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        if loss_scale_factor is None or not loss_scale_factor > 0:
+            raise ValueError(
+                f"loss_agg_mode='seq-mean-token-sum-norm' needs loss_scale_factor > 0, got {loss_scale_factor!r} "
+                "(Dr. GRPO's constant, e.g. the max response length)"
+            )
+        scale = float(loss_scale_factor)
+    return advantages / (max(count, 1) * scale)
 
 
 def rollout_index_of(rollout_ids: IdArray) -> torch.Tensor:

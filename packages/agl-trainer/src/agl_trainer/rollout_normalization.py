@@ -4,7 +4,10 @@ With ``algorithm.normalize_by_rollout: true`` (the default) each row's advantage
 rollout's trained tokens times the step's count (``algorithm.per_rollout_divisor``: distinct rollouts,
 or 1.0.2's trained rows), and the policy loss sums its tokens: the loss is then the mean over rollouts
 of each rollout's token mean, however many rows a rollout spans (a template or retokenisation
-mismatch, or ``level=transition``). agl's own losses sum by construction; verl's token-level losses
+mismatch, or ``level=transition``). ``actor.loss_agg_mode`` is honoured with rollouts as the
+sequences: ``seq-mean-token-sum`` drops the division by tokens, ``seq-mean-token-sum-norm`` divides
+by ``actor.loss_scale_factor`` (default: the max response length) instead (Dr. GRPO), ``token-sum``
+divides by nothing; ``token-mean``, verl's default, is taken as ``seq-mean-token-mean``. agl's own losses sum by construction; verl's token-level losses
 run as their ``rollout_summed:<mode>`` registrations (agl-algos), which sum the policy term and
 leave the entropy and KL terms to ``loss_agg_mode``. Sequence-level verl losses take their ratio per
 row and are refused (``gspo_per_rollout`` is GSPO per rollout).
@@ -25,7 +28,9 @@ from verl import DataProto
 from agl_algos import (
     GSPO_PER_ROLLOUT_LOSS_MODE,
     ROLLOUT_DIVISORS,
+    ROLLOUT_LOSS_AGG_MODES,
     RolloutDivisor,
+    RolloutLossAggMode,
     normalize_advantages_by_rollout,
     rollout_index_of,
     rows_per_rollout_metrics,
@@ -37,6 +42,7 @@ from agl_algos.verl import (
     VERL_TOKEN_LEVEL_LOSSES,
     rollout_summed_name,
 )
+from agl_trainer.settings import AglSettings
 
 __all__ = ("NORMALIZE_KEY", "RolloutNormalization")
 
@@ -54,6 +60,8 @@ class RolloutNormalization:
     enabled: bool
     divisor: RolloutDivisor
     loss_mode: str
+    loss_agg_mode: RolloutLossAggMode = "seq-mean-token-mean"
+    loss_scale_factor: float | None = None
 
     @classmethod
     def from_config(cls, config: DictConfig) -> RolloutNormalization:
@@ -79,7 +87,15 @@ class RolloutNormalization:
             )
         if enabled and not ours:
             _check_verl_mode_sums(loss_mode, config)
-        return cls(enabled, divisor, loss_mode)  # pyright: ignore[reportArgumentType]  (checked above)
+        actor = config.actor_rollout_ref.actor
+        agg = str(actor.get("loss_agg_mode", "token-mean"))
+        if enabled and agg not in ROLLOUT_LOSS_AGG_MODES:
+            raise ValueError(
+                f"actor_rollout_ref.actor.loss_agg_mode={agg!r}; under {NORMALIZE_KEY}=true supported: "
+                f"{list(ROLLOUT_LOSS_AGG_MODES)}"
+            )
+        scale = actor.get("loss_scale_factor") or AglSettings.from_config(config).max_response_length
+        return cls(enabled, divisor, loss_mode, agg, float(scale))  # pyright: ignore[reportArgumentType]  (checked above)
 
     def configure_actor(self, config: DictConfig) -> None:
         """Point the actor at ``rollout_summed:<mode>`` for a verl loss under normalisation; else no-op.
@@ -103,6 +119,8 @@ class RolloutNormalization:
             rollout_ids,
             divisor=self.divisor,
             num_trained_rows=len(batch),
+            loss_agg_mode=self.loss_agg_mode,
+            loss_scale_factor=self.loss_scale_factor,
         )
         if self.loss_mode == GSPO_PER_ROLLOUT_LOSS_MODE:
             batch.batch[ROLLOUT_INDEX_KEY] = rollout_index_of(rollout_ids).to(torch.int64)
