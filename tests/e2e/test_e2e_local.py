@@ -344,7 +344,10 @@ def test_a_crashing_and_a_hanging_agent_are_counted_and_the_step_trains_everythi
     recorded = _record(trainer)
     release = threading.Event()
     agents = FaultyTask(stack.task, release)
-    with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), agents, workers=8):
+    # One worker per rollout: the 14 good ones all start at once, so each has the whole 15 s
+    # timeout for its two model calls (a rollout takes 0.3 s in the embedded default), not what a
+    # queue behind the hung agent leaves.
+    with LocalAgentRunner(AglServerApi(stack.server.url, stack.server.key), agents, workers=16):
         try:
             trainer.fit()
         finally:
