@@ -8,7 +8,7 @@ environments that ``scripts/test`` provisions: skipped where they are absent, fa
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,28 @@ def _trainer(stack: Stack, out: Path, *extra: str, n_train: int = 16) -> AglRayP
     return build_trainer(config, stack.task.samples(n_train), stack.task.samples(2))
 
 
+TrainerFactory = Callable[..., AglRayPPOTrainer]
+
+
+@pytest.fixture
+def new_trainer(stack: Stack, tmp_path: Path) -> Iterator[TrainerFactory]:
+    """``new_trainer(*overrides, n_train=16)`` builds a trainer on the module's stack. Afterwards each
+    one is shut down (also when the test failed, so its workers free their CPUs) and every rollout
+    left on the server (an async run's carried groups, say) is deleted: the next test starts clean."""
+    built: list[AglRayPPOTrainer] = []
+
+    def make(*extra: str, n_train: int = 16) -> AglRayPPOTrainer:
+        built.append(_trainer(stack, tmp_path, *extra, n_train=n_train))
+        return built[-1]
+
+    yield make
+    for trainer in built:
+        trainer.shutdown()
+    with AglClient(stack.server.url, stack.server.key) as client:
+        for rollout_id in _rollouts_on_server(stack):
+            client.delete_rollout(rollout_id)
+
+
 def _rollouts_on_server(stack: Stack) -> set[str]:
     with AglClient(stack.server.url, stack.server.key) as client:
         return {rollout.rollout_id for rollout in client.list_rollouts(ALL_STATES)}
@@ -277,8 +299,10 @@ def _max_abs_diff(a: Sequence[float], b: Sequence[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(stack: Stack, tmp_path: Path) -> None:
-    trainer = _trainer(stack, tmp_path)
+def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(
+    stack: Stack, new_trainer: TrainerFactory
+) -> None:
+    trainer = new_trainer()
     actor = trainer.workers
     recorded = _record(trainer)
     prompt, continuation = stack.task.encode("Write numbers:"), stack.task.encode(" 2 4 8 16 32")
@@ -304,7 +328,6 @@ def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(stack: Stack,
     assert trainer.weight_version == 2
     assert _max_abs_diff(served_after, trained_after) < LOG_PROB_ATOL, "vLLM must serve the trained weights"
     assert _max_abs_diff(served_after, served_before) > 100 * LOG_PROB_ATOL, "training must move the probe"
-    trainer.shutdown()
 
 
 class FaultyTask:
@@ -332,11 +355,9 @@ class FaultyTask:
 
 
 def test_a_crashing_and_a_hanging_agent_are_counted_and_the_step_trains_everything(
-    stack: Stack, tmp_path: Path
+    stack: Stack, new_trainer: TrainerFactory
 ) -> None:
-    trainer = _trainer(
-        stack,
-        tmp_path,
+    trainer = new_trainer(
         "agentlightning.rollout_timeout_seconds=15",
         "trainer.total_training_steps=1",
         n_train=4,
@@ -370,7 +391,6 @@ def test_a_crashing_and_a_hanging_agent_are_counted_and_the_step_trains_everythi
     assert sorted(batch.non_tensor_batch["rollout_id_list"]) == sorted(by_id), "every rollout is trained on"
     assert {"actor/pg_loss", "actor/grad_norm"} <= metrics.keys(), "the actor must have been updated"
     assert trainer.weight_version == 1
-    trainer.shutdown()
 
 
 class SlowFirstGroup:
@@ -393,10 +413,10 @@ class SlowFirstGroup:
         return reward
 
 
-def test_async_mode_carries_a_slow_group_over_and_trains_it_next_step(stack: Stack, tmp_path: Path) -> None:
-    trainer = _trainer(
-        stack,
-        tmp_path,
+def test_async_mode_carries_a_slow_group_over_and_trains_it_next_step(
+    stack: Stack, new_trainer: TrainerFactory
+) -> None:
+    trainer = new_trainer(
         "agentlightning.async_rollout.enabled=true",
         "agentlightning.async_rollout.async_train_batch_size=5",
     )
@@ -420,7 +440,6 @@ def test_async_mode_carries_a_slow_group_over_and_trains_it_next_step(stack: Sta
     assert [(r.step, {t.weight_version for t in r.triplets}) for r in slow] == [(1, {0})] * ROLLOUT_N
     fresh = [r for r in step_2 if int(r.input["index"]) != agents.slow_index]
     assert {t.weight_version for r in fresh for t in r.triplets} == {1}
-    trainer.shutdown()
 
 
 class UpdateWatchingWorkers(RecordingWorkers):
@@ -444,11 +463,9 @@ class UpdateWatchingWorkers(RecordingWorkers):
 
 
 def test_fully_async_steps_overlap_and_every_tokens_version_is_the_one_that_served_it(
-    stack: Stack, tmp_path: Path
+    stack: Stack, new_trainer: TrainerFactory
 ) -> None:
-    trainer = _trainer(
-        stack,
-        tmp_path,
+    trainer = new_trainer(
         "agentlightning.fully_async.enabled=true",
         "agentlightning.fully_async.max_staleness=1",
         "trainer.total_training_steps=2",
@@ -487,4 +504,3 @@ def test_fully_async_steps_overlap_and_every_tokens_version_is_the_one_that_serv
     trained_after = _trainer_log_probs(trainer, actor, prompt, continuation)
     assert trainer.weight_version == 2
     assert _max_abs_diff(served_after, trained_after) < LOG_PROB_ATOL, "vLLM must serve the trained weights"
-    trainer.shutdown()

@@ -164,6 +164,7 @@ def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
     torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow  # a second worker group; the workspace pass runs it
 def test_the_actors_loss_reads_each_rows_rollout_index_for_gspo_per_rollout(
     gspo_policy: PolicyWorkers,
 ) -> None:
