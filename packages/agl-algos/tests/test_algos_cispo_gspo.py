@@ -20,6 +20,7 @@ from agl_algos import (
     RolloutDivisor,
     RolloutLossAggMode,
     compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_geo_mean_per_rollout,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
@@ -33,6 +34,7 @@ PER_ROLLOUT_LOSSES: dict[str, LossFn] = {
     "per_rollout_mean": compute_policy_loss_per_rollout_mean,
     "cispo_per_rollout_mean": compute_policy_loss_cispo_per_rollout_mean,
     "gspo_per_rollout": compute_policy_loss_gspo_per_rollout,
+    "geo_mean_per_rollout": compute_policy_loss_geo_mean_per_rollout,
 }
 
 
@@ -343,6 +345,28 @@ def test_a_rollout_split_into_1_2_or_5_rows_gives_the_same_loss_and_gradient(
     rows_loss, _ = loss_and_token_grads(loss_fn, split, "rows", loss_agg_mode)
     n_rows = len(split.rollout_of_row) if loss_agg_mode != "token-sum" else len(old)
     assert rows_loss == pytest.approx(split_loss * len(old) / n_rows, rel=1e-9, abs=1e-12)
+
+
+def test_geo_mean_per_rollout_hand_computed_loss_gradient_and_metrics() -> None:
+    # rollout 0 spans two rows (log-ratios 0.1 | 0.5, -0.1), advantage +1 per token; rollout 1 one row
+    # (log-ratio -0.5), advantage -2. Clip 0.2: for A > 0 the pessimistic side caps 0.5 at 0.2; for A < 0
+    # -0.5 is raised to -0.2. ratio_0 = exp((0.1 + 0.2 - 0.1) / 3), ratio_1 = exp(-0.2).
+    old = torch.zeros(3, 2, dtype=torch.float64)
+    new = torch.tensor([[0.1, 0.0], [0.5, -0.1], [-0.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    advantages = torch.tensor([[1.0, 0.0], [1.0, 1.0], [-2.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0], [1, 1], [1, 0]])
+    loss, metrics = compute_policy_loss_geo_mean_per_rollout(
+        old, new, advantages, mask, config=CONFIG, rollout_index=torch.tensor([4, 4, 9])
+    )
+    ratio_0, ratio_1 = math.exp(0.2 / 3), math.exp(-0.2)
+    assert loss.item() == pytest.approx(-3 * ratio_0 + 2 * ratio_1, rel=1e-12)
+    loss.backward()
+    assert new.grad is not None
+    # d loss / d log_prob: -A_sum_r * ratio_r / n_r for unclipped tokens, 0 for the clipped ones
+    expected = [[-3 * ratio_0 / 3, 0.0], [0.0, -3 * ratio_0 / 3], [0.0, 0.0]]
+    assert new.grad.tolist() == [pytest.approx(row, rel=1e-12, abs=1e-15) for row in expected]
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(1 / 4)
+    assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(1 / 4)
 
 
 def test_rollout_index_of_numbers_rollouts_in_order_of_first_appearance() -> None:

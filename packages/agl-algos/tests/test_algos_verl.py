@@ -29,6 +29,7 @@ from agl_algos import (  # noqa: E402
     RemaxNotSupportedError,
     RolloutConsistencyError,
     compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_geo_mean_per_rollout,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     compute_rollout_level_advantage,
@@ -50,6 +51,7 @@ def test_registry_lookup_returns_our_losses() -> None:
         core_algos.get_policy_loss_fn("cispo_per_rollout_mean") is compute_policy_loss_cispo_per_rollout_mean
     )
     assert core_algos.get_policy_loss_fn("gspo_per_rollout") is compute_policy_loss_gspo_per_rollout
+    assert core_algos.get_policy_loss_fn("geo_mean_per_rollout") is compute_policy_loss_geo_mean_per_rollout
 
 
 def test_registration_is_idempotent_across_reimport_and_worker_hook() -> None:
@@ -326,6 +328,39 @@ def test_a_rollout_split_into_two_rows_gives_the_same_summed_verl_loss_and_gradi
     split = loss_and_grad([list(range(cut)), list(range(cut, 6)), [6, 7, 8]], ["a", "a", "b"])
     torch.testing.assert_close(split[0], whole[0])
     torch.testing.assert_close(split[1], whole[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.05, 0.4), st.floats(0.05, 0.4))
+def test_geo_mean_per_rollout_with_one_row_per_rollout_equals_verl_geo_mean(
+    seed: int, low: float, high: float
+) -> None:
+    # verl averages -A_row * ratio_row over the rows; ours sums rollouts, so with one row per rollout
+    # and the advantages divided by (tokens x rollouts) the two agree: value, gradient, metrics.
+    config = actor_config(clip_ratio_low=low, clip_ratio_high=high)
+    old, new, _, mask, weights = loss_inputs(seed)
+    mask[:, 0] = True  # every row trains a token
+    new = old + (new - old) * 0.3
+    advantages = torch.randn(6, 1, generator=torch.Generator().manual_seed(seed)).expand(6, 10) * mask
+    normalized = normalize_advantages_by_rollout(advantages, mask.long(), list(range(6)))
+    ours_lp, theirs_lp = new.clone().requires_grad_(True), new.clone().requires_grad_(True)
+    ours, our_metrics = compute_policy_loss_geo_mean_per_rollout(
+        old,
+        ours_lp,
+        normalized,
+        mask,
+        config=config,
+        rollout_is_weights=weights,
+        rollout_index=torch.arange(6),
+    )
+    theirs, their_metrics = core_algos.get_policy_loss_fn("geo_mean")(
+        old, theirs_lp, advantages, mask, "token-mean", config, weights
+    )
+    (ours + theirs).backward()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert ours_lp.grad is not None and theirs_lp.grad is not None
+    torch.testing.assert_close(ours_lp.grad, theirs_lp.grad, rtol=1e-4, atol=1e-6)
+    assert our_metrics == pytest.approx(their_metrics, abs=1e-6)
 
 
 def data_proto(

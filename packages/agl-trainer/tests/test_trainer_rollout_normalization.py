@@ -28,7 +28,9 @@ def _configured(*overrides: str) -> tuple[RolloutNormalization, str]:
     return normalization, str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
 
 
-@pytest.mark.parametrize("loss_mode", ["per_rollout_mean", "cispo_per_rollout_mean", "gspo_per_rollout"])
+@pytest.mark.parametrize(
+    "loss_mode", ["per_rollout_mean", "cispo_per_rollout_mean", "gspo_per_rollout", "geo_mean_per_rollout"]
+)
 def test_agl_losses_keep_their_mode_and_are_normalised_by_default(loss_mode: str) -> None:
     normalization, actor_mode = _configured(f"{_LOSS_MODE}={loss_mode}")
     assert (normalization.enabled, normalization.divisor, actor_mode) == (True, "rollouts", loss_mode)
@@ -52,7 +54,7 @@ def test_normalisation_off_trains_a_verl_loss_per_row_as_verl_does() -> None:
     [
         (["algorithm.normalize_by_rollout=false"], "needs algorithm.normalize_by_rollout=true"),
         ([f"{_LOSS_MODE}=gspo"], "use gspo_per_rollout"),
-        ([f"{_LOSS_MODE}=geo_mean"], "use gspo_per_rollout"),
+        ([f"{_LOSS_MODE}=geo_mean"], "use geo_mean_per_rollout"),
         ([f"{_LOSS_MODE}=sapo"], "set algorithm.normalize_by_rollout=false"),
         (["algorithm.normalize_by_rollout=sometimes"], "algorithm.normalize_by_rollout='sometimes'"),
         (["algorithm.per_rollout_divisor=tokens"], "algorithm.per_rollout_divisor='tokens'"),
@@ -99,9 +101,10 @@ def test_apply_divides_each_row_by_its_rollouts_tokens_times_the_steps_count(
     assert "rollout_index" not in batch.batch
 
 
-def test_apply_gives_gspo_per_rollout_each_rows_rollout_index() -> None:
+@pytest.mark.parametrize("loss_mode", ["gspo_per_rollout", "geo_mean_per_rollout"])
+def test_apply_gives_a_per_rollout_sequence_loss_each_rows_rollout_index(loss_mode: str) -> None:
     batch = _batch(["b", "a", "b", "c"], [1, 1, 1, 1])
-    RolloutNormalization(True, "rollouts", "gspo_per_rollout").apply(batch, {})
+    RolloutNormalization(True, "rollouts", loss_mode).apply(batch, {})
     assert batch.batch["rollout_index"].tolist() == [0, 1, 0, 2]
     assert batch.batch["rollout_index"].dtype == torch.int64
 

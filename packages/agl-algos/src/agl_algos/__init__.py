@@ -40,6 +40,7 @@ from agl_algos.groups import (
 )
 from agl_algos.loss import (
     CISPO_PER_ROLLOUT_MEAN_LOSS_MODE,
+    GEO_MEAN_PER_ROLLOUT_LOSS_MODE,
     GSPO_LOG_RATIO_MAX,
     GSPO_PER_ROLLOUT_LOSS_MODE,
     LOG_RATIO_CLAMP,
@@ -49,6 +50,7 @@ from agl_algos.loss import (
     RolloutDivisor,
     RolloutLossAggMode,
     compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_geo_mean_per_rollout,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
@@ -64,6 +66,7 @@ __all__ = (
     "CISPO_PER_ROLLOUT_MEAN_LOSS_MODE",
     "GRPO_EPSILON",
     "GSPO_LOG_RATIO_MAX",
+    "GEO_MEAN_PER_ROLLOUT_LOSS_MODE",
     "GSPO_PER_ROLLOUT_LOSS_MODE",
     "LOG_RATIO_CLAMP",
     "PER_ROLLOUT_MEAN_LOSS_MODE",
@@ -84,6 +87,7 @@ __all__ = (
     "__version__",
     "broadcast_rollout_scalars",
     "compute_policy_loss_cispo_per_rollout_mean",
+    "compute_policy_loss_geo_mean_per_rollout",
     "compute_policy_loss_gspo_per_rollout",
     "compute_policy_loss_per_rollout_mean",
     "compute_rollout_level_advantage",

@@ -29,6 +29,7 @@ from agl_algos.config import PolicyLossConfig
 
 __all__ = (
     "CISPO_PER_ROLLOUT_MEAN_LOSS_MODE",
+    "GEO_MEAN_PER_ROLLOUT_LOSS_MODE",
     "GSPO_PER_ROLLOUT_LOSS_MODE",
     "GSPO_LOG_RATIO_MAX",
     "LOG_RATIO_CLAMP",
@@ -38,6 +39,7 @@ __all__ = (
     "RolloutDivisor",
     "RolloutLossAggMode",
     "compute_policy_loss_cispo_per_rollout_mean",
+    "compute_policy_loss_geo_mean_per_rollout",
     "compute_policy_loss_gspo_per_rollout",
     "compute_policy_loss_per_rollout_mean",
     "normalize_advantages_by_rollout",
@@ -52,6 +54,9 @@ PER_ROLLOUT_MEAN_LOSS_MODE = "per_rollout_mean"
 
 CISPO_PER_ROLLOUT_MEAN_LOSS_MODE = "cispo_per_rollout_mean"
 """The loss mode of :func:`compute_policy_loss_cispo_per_rollout_mean` (the name Agent Lightning 1.0.2 uses)."""
+
+GEO_MEAN_PER_ROLLOUT_LOSS_MODE = "geo_mean_per_rollout"
+"""The loss mode of :func:`compute_policy_loss_geo_mean_per_rollout`."""
 
 GSPO_PER_ROLLOUT_LOSS_MODE = "gspo_per_rollout"
 """The loss mode of :func:`compute_policy_loss_gspo_per_rollout`."""
@@ -399,3 +404,50 @@ def compute_policy_loss_gspo_per_rollout(
         token_loss = token_loss * rollout_is_weights
     loss = torch.where(mask, token_loss, 0.0).sum() * params.dp_size
     return loss, _clip_metrics(clipped > unclipped, log_ratio, mask)
+
+
+def compute_policy_loss_geo_mean_per_rollout(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    rollout_index: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """GMPO (verl's ``geo_mean``, arXiv:2507.20673) with one geometric-mean ratio per rollout.
+
+    Tensors and ``rollout_index`` as in :func:`compute_policy_loss_gspo_per_rollout`. Each token's
+    log-ratio is clipped to ``[-low, high]`` on the side its advantage's sign makes pessimistic, as
+    verl's ``geo_mean`` does; per rollout r, ``ratio_r = exp(mean of those over all trained tokens of
+    all its rows)`` and the loss is ``-sum_r ratio_r * (sum of r's trained advantages)`` x dp_size,
+    with ``rollout_is_weights`` entering as their geometric mean per rollout. With rollout-normalised
+    advantages that is the mean over rollouts of ``-A_r * ratio_r`` (verl averages rows instead).
+    ``loss_agg_mode`` is ignored; metrics as verl's ``geo_mean``.
+    """
+    params = PolicyLossConfig.from_actor_config(config)
+    mask = response_mask.bool()
+    codes = _rollout_index(rollout_index, log_prob.shape[0], log_prob.device)
+    log_ratio = torch.where(mask, log_prob - old_log_prob, 0.0)
+    sign = torch.sign(advantages)
+    clamped = torch.clamp(log_ratio, -params.low, params.high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+
+    def per_rollout(values: torch.Tensor) -> torch.Tensor:
+        totals = torch.zeros(codes.shape[0], dtype=values.dtype, device=values.device)
+        return totals.index_add_(0, codes, torch.where(mask, values, 0.0).sum(-1))
+
+    tokens = per_rollout(torch.ones_like(log_ratio)).clamp_min(1.0)
+    ratio = torch.exp(per_rollout(pessimistic) / tokens)
+    losses = -per_rollout(advantages) * ratio
+    if rollout_is_weights is not None:
+        losses = losses * torch.exp(per_rollout(torch.log(rollout_is_weights + 1e-10)) / tokens)
+    loss = losses.sum() * params.dp_size
+    with torch.no_grad():
+        clipped = log_ratio != clamped
+        lower = _masked_fraction(clipped & (advantages < 0), mask) / (mask.sum(dtype=torch.float32) + 1e-8)
+    metrics = _clip_metrics(clipped & (advantages > 0), log_ratio, mask)
+    metrics["actor/pg_clipfrac_lower"] = float(lower)
+    return loss, metrics

@@ -10,7 +10,7 @@ by ``actor.loss_scale_factor`` (default: the max response length) instead (Dr. G
 divides by nothing; ``token-mean``, verl's default, is taken as ``seq-mean-token-mean``. agl's own losses sum by construction; verl's token-level losses
 run as their ``rollout_summed:<mode>`` registrations (agl-algos), which sum the policy term and
 leave the entropy and KL terms to ``loss_agg_mode``. Sequence-level verl losses take their ratio per
-row and are refused (``gspo_per_rollout`` is GSPO per rollout).
+row and are refused (``gspo_per_rollout`` and ``geo_mean_per_rollout`` take theirs per rollout).
 
 ``false`` trains every verl loss per row as verl does (``loss_agg_mode`` applies); agl's per-rollout
 losses need the division and refuse it.
@@ -26,6 +26,7 @@ from omegaconf import DictConfig, open_dict
 from verl import DataProto
 
 from agl_algos import (
+    GEO_MEAN_PER_ROLLOUT_LOSS_MODE,
     GSPO_PER_ROLLOUT_LOSS_MODE,
     ROLLOUT_DIVISORS,
     ROLLOUT_LOSS_AGG_MODES,
@@ -108,7 +109,7 @@ class RolloutNormalization:
 
     def apply(self, batch: DataProto, metrics: dict[str, Any]) -> None:
         """Divide ``batch``'s advantages per rollout over the whole step (when enabled), give
-        ``gspo_per_rollout`` its ``rollout_index``, and log ``training/rows_per_rollout_mean``."""
+        ``gspo_per_rollout`` and ``geo_mean_per_rollout`` their ``rollout_index``, and log ``training/rows_per_rollout_mean``."""
         rollout_ids = batch.non_tensor_batch["rollout_id_list"]
         metrics.update(rows_per_rollout_metrics(rollout_ids))
         if not self.enabled:
@@ -122,14 +123,14 @@ class RolloutNormalization:
             loss_agg_mode=self.loss_agg_mode,
             loss_scale_factor=self.loss_scale_factor,
         )
-        if self.loss_mode == GSPO_PER_ROLLOUT_LOSS_MODE:
+        if self.loss_mode in (GSPO_PER_ROLLOUT_LOSS_MODE, GEO_MEAN_PER_ROLLOUT_LOSS_MODE):
             batch.batch[ROLLOUT_INDEX_KEY] = rollout_index_of(rollout_ids).to(torch.int64)
 
 
 def _check_verl_mode_sums(loss_mode: str, config: DictConfig) -> None:
     """A verl loss under normalisation must be one that can sum its tokens, outside bypass mode."""
     if loss_mode not in VERL_TOKEN_LEVEL_LOSSES:
-        hint = "use gspo_per_rollout, " if loss_mode in ("gspo", "geo_mean") else ""
+        hint = f"use {loss_mode}_per_rollout, " if loss_mode in ("gspo", "geo_mean") else ""
         raise ValueError(
             f"{_LOSS_MODE_KEY}={loss_mode!r} takes its ratio or aggregation per row, so it cannot weigh "
             f"rollouts equally under {NORMALIZE_KEY}=true; {hint}pick one of "

@@ -1,7 +1,7 @@
 """verl glue of agl-algos: importing this module registers the per-rollout policy losses.
 
-``per_rollout_mean``, ``cispo_per_rollout_mean`` and ``gspo_per_rollout`` go into verl's policy-loss
-registry; ``gspo_per_rollout`` also needs the batch's ``rollout_index`` and the actor's loss function
+``per_rollout_mean``, ``cispo_per_rollout_mean``, ``gspo_per_rollout`` and ``geo_mean_per_rollout`` go
+into verl's policy-loss registry; the last two also need the batch's ``rollout_index`` and the actor's loss function
 wrapped in :class:`RolloutIndexLoss` (see :mod:`agl_algos.verl._rollout_index`). On verl 0.9+ (which
 has ``token-sum`` aggregation) verl's token-level losses are registered once more as
 ``rollout_summed:<name>``, summed over tokens for per-rollout advantages
@@ -19,9 +19,11 @@ from typing import Any
 
 from agl_algos.loss import (
     CISPO_PER_ROLLOUT_MEAN_LOSS_MODE,
+    GEO_MEAN_PER_ROLLOUT_LOSS_MODE,
     GSPO_PER_ROLLOUT_LOSS_MODE,
     PER_ROLLOUT_MEAN_LOSS_MODE,
     compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_geo_mean_per_rollout,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
 )
@@ -43,6 +45,7 @@ from agl_algos.verl._rollout_summed import (
 
 __all__ = (
     "CISPO_PER_ROLLOUT_MEAN_LOSS_MODE",
+    "GEO_MEAN_PER_ROLLOUT_LOSS_MODE",
     "GSPO_PER_ROLLOUT_LOSS_MODE",
     "PER_ROLLOUT_MEAN_LOSS_MODE",
     "POLICY_LOSSES",
@@ -68,6 +71,7 @@ POLICY_LOSSES: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
     PER_ROLLOUT_MEAN_LOSS_MODE: compute_policy_loss_per_rollout_mean,
     CISPO_PER_ROLLOUT_MEAN_LOSS_MODE: compute_policy_loss_cispo_per_rollout_mean,
     GSPO_PER_ROLLOUT_LOSS_MODE: compute_policy_loss_gspo_per_rollout,
+    GEO_MEAN_PER_ROLLOUT_LOSS_MODE: compute_policy_loss_geo_mean_per_rollout,
 }
 """The ``actor.policy_loss.loss_mode`` names :func:`register` puts into verl, and their functions."""
 
