@@ -23,7 +23,7 @@ PROMPT_LEN, RESPONSE_LEN, ROWS = 8, 12, 4
 ADVANTAGES = (1.0, -1.0, 0.5, -0.5)
 
 
-def tiny_overrides(model_path: Path, loss_mode: str = "per_rollout_mean") -> list[str]:
+def tiny_overrides(model_path: Path) -> list[str]:
     return [
         *CPU_MODE_OVERRIDES,
         f"actor_rollout_ref.model.path={model_path}",
@@ -32,7 +32,9 @@ def tiny_overrides(model_path: Path, loss_mode: str = "per_rollout_mean") -> lis
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={ROWS}",
         "actor_rollout_ref.actor.use_dynamic_bsz=false",
         "actor_rollout_ref.actor.optim.lr=1e-2",
-        f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}",
+        # agl's loss that needs the most wiring: the setup hook's registration, and each row's
+        # rollout_index carried into the loss by the worker's wrapped loss function.
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo_per_rollout",
         "actor_rollout_ref.actor.use_kl_loss=true",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={ROWS}",
         "actor_rollout_ref.rollout.name=vllm",
@@ -56,12 +58,6 @@ def policy(model_path: Path) -> Iterator[PolicyWorkers]:
         yield build_policy_workers(config)
     finally:
         ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def gspo_policy(policy: PolicyWorkers, model_path: Path) -> PolicyWorkers:
-    """A second actor/ref group in the same cluster, training ``gspo_per_rollout``."""
-    return build_policy_workers(compose_verl_config(tiny_overrides(model_path, "gspo_per_rollout")))
 
 
 def rollout_batch() -> DataProto:
@@ -110,12 +106,24 @@ def update_metrics(policy: PolicyWorkers, before_update: DataProto) -> dict[str,
     batch = rollout_batch()
     batch = batch.union(before_update).union(policy.compute_ref_log_prob(batch))
     batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
+    batch.batch["rollout_index"] = torch.tensor([0, 0, 1, 1])
     return policy.update_actor(batch)
 
 
-def test_workers_resolve_per_rollout_mean_to_the_agl_algos_loss(policy: PolicyWorkers) -> None:
+def test_workers_resolve_gspo_per_rollout_to_the_agl_algos_loss(policy: PolicyWorkers) -> None:
     # Registered inside the worker by the setup hook, not inherited from the driver.
-    assert policy.describe_policy_loss() == ["agl_algos.loss.compute_policy_loss_per_rollout_mean"]
+    assert policy.describe_policy_loss() == ["agl_algos.loss.compute_policy_loss_gspo_per_rollout"]
+    policy.check_policy_loss("gspo_per_rollout")
+
+
+def test_an_update_without_rollout_index_fails_saying_the_loss_needs_it(
+    policy: PolicyWorkers, before_update: DataProto
+) -> None:
+    batch = rollout_batch()
+    batch = batch.union(before_update).union(policy.compute_ref_log_prob(batch))
+    batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
+    with pytest.raises(Exception, match="gspo_per_rollout needs each row's rollout index"):
+        policy.update_actor(batch)
 
 
 def test_actor_log_probs_match_transformers_on_the_initial_weights(
@@ -134,11 +142,11 @@ def test_ref_log_probs_equal_actor_log_probs_before_any_update(
     torch.testing.assert_close(ref * mask, before_update.batch["old_log_probs"] * mask)
 
 
-def test_first_update_reports_the_per_rollout_mean_policy_loss(
+def test_first_update_reports_the_token_sum_policy_loss(
     update_metrics: dict[str, list[float]],
 ) -> None:
-    # At the first update the ratio is 1, so the loss is -sum(A) over valid tokens (one rank):
-    # 12 * 1 + 5 * -1 + 12 * 0.5 + 12 * -0.5 = 7, whereas verl's vanilla token-mean gives -7/41.
+    # At the first update every rollout's ratio is 1, so the loss is -sum(A) over valid tokens (one
+    # rank): 12 * 1 + 5 * -1 + 12 * 0.5 + 12 * -0.5 = 7, whereas verl's vanilla token-mean gives -7/41.
     assert update_metrics["actor/pg_loss"] == [pytest.approx(-7.0, abs=1e-5)]
 
 
@@ -162,17 +170,3 @@ def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
     mask = rollout_batch().batch["response_mask"]
     actor = policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
     torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.slow  # a second worker group; the workspace pass runs it
-def test_the_actors_loss_reads_each_rows_rollout_index_for_gspo_per_rollout(
-    gspo_policy: PolicyWorkers,
-) -> None:
-    batch = rollout_batch()
-    batch = batch.union(gspo_policy.compute_log_prob(batch)).union(gspo_policy.compute_ref_log_prob(batch))
-    batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
-    with pytest.raises(Exception, match="gspo_per_rollout needs each row's rollout index"):
-        gspo_policy.update_actor(batch)
-    batch.batch["rollout_index"] = torch.tensor([0, 0, 1, 1])
-    # ratio 1 at the first update: minus the token sum of the advantages, as for per_rollout_mean
-    assert gspo_policy.update_actor(batch)["actor/pg_loss"] == [pytest.approx(-7.0, abs=1e-5)]
