@@ -9,7 +9,8 @@ loss <= 1.1x verl's vanilla loss.
 A second table times cispo_per_rollout_mean and gspo_per_rollout (forward + backward) against verl's
 ``cispo`` and ``gspo`` (token-sum; verl's GSPO takes its ratio per row) and against a plain per-row
 Python loop computing the same loss (for GSPO, one ratio per rollout gathered from its rows). Goal:
-each <= 1.1x its verl counterpart.
+each <= 1.1x its verl counterpart. A third table does the same for geo_mean_per_rollout against
+verl's ``geo_mean`` (whose geometric mean is taken per row) and a per-rollout loop.
 
 Timing is autorange-style: each sample repeats a function until it has run >= 5 ms, and the best of
 20 samples (interleaved across functions, so a loaded machine slows all alike) is reported per call.
@@ -37,6 +38,7 @@ import torch
 from agl_algos import (
     PolicyLossConfig,
     compute_policy_loss_cispo_per_rollout_mean,
+    compute_policy_loss_geo_mean_per_rollout,
     compute_policy_loss_gspo_per_rollout,
     compute_policy_loss_per_rollout_mean,
     normalize_advantages_by_rollout,
@@ -99,6 +101,34 @@ def per_row_gspo(
             ratio = torch.exp(torch.clamp(n - n.detach() + seq, max=10.0))
             clipped = torch.clamp(ratio, 1.0 - config.low, 1.0 + config.high)
             total = total + torch.maximum(-a * ratio, -a * clipped).sum()
+    return total * config.dp_size
+
+
+def per_row_geo_mean(
+    old: torch.Tensor,
+    new: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    rollout_ids: Any,
+    config: PolicyLossConfig,
+) -> torch.Tensor:
+    """GMPO per rollout, row by row: each token's pessimistically clipped log-ratio, averaged per rollout."""
+    rows_of: dict[Any, list[int]] = {}
+    for row, rid in enumerate(rollout_ids):
+        rows_of.setdefault(rid, []).append(row)
+    total = new.new_zeros(())
+    for rows in rows_of.values():
+        log_ratios, advs = [], []
+        for r in rows:
+            keep = mask[r].bool()
+            log_ratio = new[r, keep] - old[r, keep]
+            sign = torch.sign(advantages[r, keep])
+            clamped = torch.clamp(log_ratio, -config.low, config.high)
+            log_ratios.append(sign * torch.minimum(sign * log_ratio, sign * clamped))
+            advs.append(advantages[r, keep])
+        pessimistic = torch.cat(log_ratios)
+        ratio = torch.exp(pessimistic.sum() / max(pessimistic.numel(), 1))
+        total = total - torch.cat(advs).sum() * ratio
     return total * config.dp_size
 
 
@@ -336,6 +366,44 @@ def run_new_losses(n_rows: int, n_tokens: int, device: torch.device, samples: in
     )
 
 
+GEO_MEAN_HEADER = (
+    f"{'rows x tokens':>14} {'geo ms':>8} {'verl':>8} {'loop':>8} {'geo/verl':>9} {'<=1.1':>5} "
+    f"{'loop/ours':>9} {'MiB geo':>8} {'verl':>6}"
+)
+
+
+def run_geo_mean(n_rows: int, n_tokens: int, device: torch.device, samples: int) -> str:
+    """Time geo_mean_per_rollout against verl's geo_mean and a per-rollout loop; its table line."""
+    inputs = make_inputs(n_rows, n_tokens, device)
+    ids, mask = inputs["rollout_ids"], inputs["mask"]
+    normalized = normalize_advantages_by_rollout(inputs["advantages"], mask, ids, divisor="rollouts")
+    inputs = {**inputs, "advantages": normalized}
+    index = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
+    config = PolicyLossConfig()
+    old, adv = inputs["old"], inputs["advantages"]
+
+    def geo_mean(*args: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        return compute_policy_loss_geo_mean_per_rollout(*args, rollout_index=index)
+
+    fns: dict[str, Callable[[], object]] = {
+        "geo": token_sum_step(geo_mean, inputs, config),
+        "loop": loop_step(lambda new: per_row_geo_mean(old, new, adv, mask, ids, config), inputs["new"]),
+    }
+    theirs, their_config = verl_loss("geo_mean")
+    if theirs is not None:
+        fns["verl"] = token_sum_step(theirs, inputs, their_config)
+    best = timed(fns, device, samples)
+    peak = {name: peak_mib(fns[name], device) for name in ("geo", "verl") if name in fns}
+    nan = float("nan")
+    over_verl = best["geo"] / best.get("verl", nan)
+    verdict = "ok" if over_verl <= GOAL_LOSS_OVER_VERL else "FAIL"
+    return (
+        f"{f'{n_rows} x {n_tokens}':>14} {best['geo'] * 1e3:8.2f} {best.get('verl', nan) * 1e3:8.2f} "
+        f"{best['loop'] * 1e3:8.2f} {over_verl:9.3f} {verdict:>5} {best['loop'] / best['geo']:9.0f} "
+        f"{peak['geo']:8.0f} {peak.get('verl', nan):6.0f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -358,6 +426,9 @@ def main() -> None:
     print(LOSS_HEADER)
     for n_rows, n_tokens in sizes:
         print(run_new_losses(n_rows, n_tokens, device, args.samples), flush=True)
+    print(GEO_MEAN_HEADER)
+    for n_rows, n_tokens in sizes:
+        print(run_geo_mean(n_rows, n_tokens, device, args.samples), flush=True)
 
 
 if __name__ == "__main__":
