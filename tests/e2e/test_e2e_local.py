@@ -22,6 +22,7 @@ from agl_testing.requirements import missing_requirement
 from agl_trainer.demo import DEMO_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.local import (
+    AGENT_CLASSES,
     DEFAULT_SERVED_MODEL,
     AgentContext,
     AglServer,
@@ -32,9 +33,11 @@ from agl_trainer.local import (
     LocalAgentRunner,
     VllmClient,
     VllmServer,
+    agent_import_path,
     agl_server_spec,
     existing_tool_env,
     start_agl_server,
+    start_controller,
     start_vllm,
     vllm_cpu_spec,
 )
@@ -328,6 +331,42 @@ def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(
     assert trainer.weight_version == 2
     assert _max_abs_diff(served_after, trained_after) < LOG_PROB_ATOL, "vLLM must serve the trained weights"
     assert _max_abs_diff(served_after, served_before) > 100 * LOG_PROB_ATOL, "training must move the probe"
+
+
+def test_a_sync_step_through_agl_controller_trains_what_its_toy_agent_processes_generated(
+    stack: Stack, new_trainer: TrainerFactory, tmp_path: Path
+) -> None:
+    trainer = new_trainer(
+        f"agentlightning.local.agent_class={AGENT_CLASSES['digits']}",
+        "+agentlightning.local.env_map.AGL_TOY_INPUT=input",
+        f"+agentlightning.local.env_map.AGL_TOY_MODEL={stack.model}",
+        "trainer.total_training_steps=1",
+    )
+    recorded = _record(trainer)
+    server_env = existing_tool_env(agl_server_spec())
+    assert server_env is not None
+    with start_controller(
+        server_env.python,
+        stack.server,
+        tmp_path / "controller",
+        maximum_size=16,
+        python_path=[agent_import_path(tmp_path)],
+    ):
+        trainer.fit()
+
+    assert _rollouts_on_server(stack) == set(), "rollouts were not deleted after use"
+    ((completed,), (metrics,)) = recorded.completed, recorded.metrics
+    assert metrics["training/n_rollouts_succeeded"] == 16
+    tokenizer = stack.task.tokenizer
+    for rollout in completed:
+        generated = [token for triplet in rollout.triplets for token in triplet.response_token_ids]
+        digits = sum(tokenizer.decode([token]).strip().isdigit() for token in generated)
+        assert rollout.final_reward == pytest.approx(digits / len(generated)), (
+            "the agent posts its own reward"
+        )
+    batch, _ = recorded.trained_rows(1)
+    _assert_rows_are_the_events(stack.task, batch, completed)
+    assert trainer.weight_version == 1
 
 
 class FaultyTask:

@@ -147,3 +147,22 @@ def test_configured_logging_shows_progress_lines_when_not_a_tty() -> None:
             logging.getLogger(name).propagate = True
     [line] = stream.getvalue().splitlines()  # httpx's INFO line stays quiet
     assert line.endswith(" INFO agl_rollout.progress: train rollouts progress done=4 total=4")
+
+
+def test_runner_controller_selects_the_real_agl_controller_for_the_toy_agents() -> None:
+    assert parse_args(["runner=controller"]).runner == "controller"
+    assert parse_args(["--runner", "local"]).runner == "local"
+    assert parse_args([]).runner is None
+
+
+def test_an_unknown_runner_fails_listing_the_runners(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["runner=k8s"])
+    err = capsys.readouterr().err
+    assert "argument --runner: invalid choice: 'k8s'" in err
+    assert "local" in err and "controller" in err
+
+
+def test_a_runner_with_a_production_setup_is_refused() -> None:
+    with pytest.raises(SystemExit, match="drop runner="):
+        main(["runner=controller", "agentlightning.agl_base_url=http://gateway:8080"])

@@ -156,9 +156,9 @@ def test_python_env_var_pointing_nowhere_raises(offline_index: Path, monkeypatch
         ensure_tool_env(_spec(offline_index), report=lambda _m: None)
 
 
-def test_agl_server_spec_pins_agentlightning_1_0() -> None:
+def test_agl_server_spec_pins_agentlightning_1_0_with_the_toy_agents_tokenizers() -> None:
     spec = agl_server_spec()
-    assert spec.requirements == ("agentlightning>=1.0,<1.1",)
+    assert spec.requirements == ("agentlightning>=1.0,<1.1", "tokenizers>=0.20,<1")
     assert spec.min_python == (3, 12)
     assert spec.python_env_var == "AGL_SERVER_PYTHON"
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from agl_trainer.local.toy_agents import RUNNERS
 from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
 
 PRODUCTION_KEYS = (
@@ -34,6 +35,7 @@ _SHORT_KEYS = {
     "mode": "--mode",
     "max_staleness": "--max-staleness",
     "tool_latency": "--tool-latency",
+    "runner": "--runner",
 }
 
 _DESCRIPTION = """\
@@ -62,6 +64,9 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
   max_staleness=K      same as --max-staleness (agentlightning.fully_async.max_staleness; 0 = on-policy)
   tool_latency=M:P99   same as --tool-latency: each toy-task tool call waits a lognormal time with
                        median M and 99th percentile P99 seconds (embedded default only; off by default)
+  runner=local|controller
+                       same as --runner: who runs the embedded default's agents — threads in the
+                       trainer (local, the default) or the real agl-controller, one process each
 Logging: trainer.logger=[console,wandb] adds Weights & Biases (after `wandb login`); the embedded
 default always keeps the file logger too, for metrics.jsonl and the plot.
 
@@ -69,6 +74,7 @@ examples:
   agl-trainer steps=5 --async level=transition
   agl-trainer --fully-async max_staleness=1 tool_latency=0.5:6
   agl-trainer task=upper steps=10
+  agl-trainer runner=controller
   agl-trainer trainer.logger=[console,wandb] trainer.project_name=agl-demo
   agl-trainer actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \\
       agentlightning.agl_base_url=http://gateway:8080 \\
@@ -83,6 +89,7 @@ class CliArgs:
     task: str | None
     overrides: tuple[str, ...]
     tool_latency: ToolLatency | None = None
+    runner: str | None = None
 
     @property
     def is_production(self) -> bool:
@@ -137,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MEDIAN:P99",
         help="toy tasks: lognormal seconds per tool call, e.g. 0.5:6 (embedded default only)",
     )
+    parser.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        help="who runs the embedded default's agents: threads in the trainer (local, the default) or the "
+        "real agl-controller (controller), one process per rollout",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     return parser
 
@@ -162,7 +175,12 @@ def parse_args(argv: Sequence[str]) -> CliArgs:
             overrides.append("algorithm.rollout_correction.bypass_mode=true")
     if args.max_staleness is not None:
         overrides.append(f"agentlightning.fully_async.max_staleness={args.max_staleness}")
-    return CliArgs(task=args.task, overrides=(*overrides, *args.overrides), tool_latency=args.tool_latency)
+    return CliArgs(
+        task=args.task,
+        overrides=(*overrides, *args.overrides),
+        tool_latency=args.tool_latency,
+        runner=args.runner,
+    )
 
 
 def _expand_short_key(arg: str) -> list[str]:
@@ -217,6 +235,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             "agl-trainer: tool_latency= slows the embedded default's toy agents; a production run's agents are "
             "your own: drop tool_latency="
         )
+    if args.is_production and args.runner is not None:
+        raise SystemExit(
+            f"agl-trainer: runner={args.runner} picks who runs the embedded default's toy agents; in a production "
+            "run your own agl-controller runs your agents: drop runner="
+        )
     if args.is_production and args.task is not None:
         raise SystemExit(
             f"agl-trainer: task={args.task} selects the embedded default's toy task, but the overrides name "
@@ -231,7 +254,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             from agl_trainer.demo import run_embedded_default
 
-            run_embedded_default(args.overrides, task=args.task or "digits", tool_latency=args.tool_latency)
+            run_embedded_default(
+                args.overrides,
+                task=args.task or "digits",
+                tool_latency=args.tool_latency,
+                runner=args.runner or "local",
+            )
     except KeyboardInterrupt as interrupt:
         # run_ppo has stopped its workers and replicas, the embedded default its processes.
         from agl_trainer.entrypoint import TrainingInterrupted

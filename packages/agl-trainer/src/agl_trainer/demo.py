@@ -7,6 +7,10 @@ after every step. Every process it started is stopped on exit, Ctrl-C or failure
 
 With ``trainer.device=cuda`` among the overrides, the same task runs on one GPU through verl's own
 vLLM replicas instead (path 1, :mod:`agl_trainer.replicas`): no CPU vLLM server is started.
+
+Agents run in the trainer's process by default (:class:`LocalAgentRunner`, a thread per rollout).
+``runner="controller"`` runs them as a deployment does: the real ``agl-controller`` starts one
+process per rollout for the toy task's agent class (:mod:`agl_trainer.local.toy_agents`).
 """
 
 from __future__ import annotations
@@ -24,17 +28,22 @@ from omegaconf import DictConfig
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import compose_config, run_ppo
 from agl_trainer.local import (
+    AGENT_CLASSES,
     DEFAULT_SERVED_MODEL,
+    RUNNERS,
     TOY_TASKS,
     AglServerApi,
     LocalAgentRunner,
     ToolLatency,
+    agent_import_path,
     agl_server_spec,
     cache_dir,
     ensure_tool_env,
     exit_on_sigterm,
     start_agl_server,
+    start_controller,
     start_vllm,
+    toy_env_map,
     vllm_cpu_spec,
 )
 from agl_trainer.plot import plot_metrics
@@ -104,8 +113,8 @@ class DemoRun:
     run_dir: Path
     metrics: Path
     plot: Path
-    agents_succeeded: int
-    agents_failed: int
+    agents: str
+    """One line on what the agents did (the local runner's counts, or where the controller logged)."""
 
 
 def _stopped_note(stopped: int) -> str:
@@ -147,12 +156,19 @@ def agent_slots(config: DictConfig) -> int:
 
 
 def run_embedded_default(
-    overrides: Sequence[str] = (), *, task: str = "digits", tool_latency: ToolLatency | None = None
+    overrides: Sequence[str] = (),
+    *,
+    task: str = "digits",
+    tool_latency: ToolLatency | None = None,
+    runner: str = "local",
 ) -> DemoRun:
     """Run the whole local stack and train on the toy task ``task`` (a :data:`TOY_TASKS` name);
-    ``overrides`` are Hydra overrides applied last; ``tool_latency`` slows each tool call."""
+    ``overrides`` are Hydra overrides applied last; ``tool_latency`` slows each tool call; ``runner``
+    (one of :data:`RUNNERS`) picks who runs the agents."""
     if task not in TOY_TASKS:
         raise ValueError(f"Unsupported task: {task!r}. Supported: {sorted(TOY_TASKS)}")
+    if runner not in RUNNERS:
+        raise ValueError(f"Unsupported runner: {runner!r}. Supported: {list(RUNNERS)}")
     exit_on_sigterm()
     on_gpu = _on_gpu(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
@@ -182,9 +198,24 @@ def run_embedded_default(
                 f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
                 f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
             ]
-        agents = stack.enter_context(
-            LocalAgentRunner(AglServerApi(server.url, server.key), toy, workers=agent_slots(planned))
-        )
+        local: LocalAgentRunner | None = None
+        controller_line = ""
+        if runner == "controller":
+            controller = stack.enter_context(
+                start_controller(
+                    server_env.python,
+                    server,
+                    run_dir,
+                    maximum_size=agent_slots(planned),
+                    python_path=[agent_import_path(run_dir)],
+                )
+            )
+            inference.append(f"agentlightning.local.agent_class={AGENT_CLASSES[task]}")
+            controller_line = f"Agents ran under agl-controller, one process per rollout; its log: {controller.process.log_path}"
+        else:
+            local = stack.enter_context(
+                LocalAgentRunner(AglServerApi(server.url, server.key), toy, workers=agent_slots(planned))
+            )
         config = compose_config(
             [
                 *inference,
@@ -195,15 +226,22 @@ def run_embedded_default(
                 *overrides,
             ]
         )
+        if runner == "controller":
+            # The toy agents' env map first, so a user's env_map entries win.
+            config.agentlightning.local.env_map = {
+                **toy_env_map(model, tool_latency),
+                **config.agentlightning.local.env_map,
+            }
         run_ppo(with_file_logger(config), toy.samples(64), toy.samples(4))
     png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
-    print(
-        f"agl-trainer: done. Metrics: {metrics}; plot: {png}\n"
-        f"  Local agents: {agents.stats.succeeded} rollouts succeeded, {agents.stats.failed} failed"
-        f"{_stopped_note(agents.stats.stopped)}.",
-        flush=True,
-    )
-    return DemoRun(run_dir, metrics, png, agents.stats.succeeded, agents.stats.failed)
+    summary = _local_agents_line(local) if local is not None else controller_line
+    print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}\n  {summary}.", flush=True)
+    return DemoRun(run_dir, metrics, png, summary)
+
+
+def _local_agents_line(runner: LocalAgentRunner) -> str:
+    stats = runner.stats
+    return f"Local agents: {stats.succeeded} rollouts succeeded, {stats.failed} failed{_stopped_note(stats.stopped)}"
 
 
 __all__ = (

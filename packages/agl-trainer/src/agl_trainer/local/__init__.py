@@ -9,6 +9,12 @@ from agl_trainer.local.agent import (
     GatewayModel,
     proxy_base_url,
 )
+from agl_trainer.local.controller import (
+    AglController,
+    agent_import_path,
+    agl_controller_argv,
+    start_controller,
+)
 from agl_trainer.local.envs import (
     CACHE_DIR_ENV,
     ToolEnv,
@@ -39,22 +45,34 @@ from agl_trainer.local.services import (
     vllm_argv,
     vllm_env,
 )
+from agl_trainer.local.toy_agents import (
+    AGENT_CLASSES,
+    RUNNERS,
+    DigitsAgent,
+    ToyAgent,
+    UpperAgent,
+    toy_env_map,
+)
 from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask, ToolLatency, UpperToolTask
 from agl_trainer.local.vllm_client import VllmClient
 
 __all__ = (
+    "AGENT_CLASSES",
     "CACHE_DIR_ENV",
     "DEFAULT_SERVED_MODEL",
+    "RUNNERS",
     "TOY_TASKS",
     "ToolLatency",
     "Agent",
     "AgentContext",
+    "AglController",
     "AglServer",
     "AglServerApi",
     "ChildProcess",
     "Completion",
     "CompletionModel",
     "DigitToolTask",
+    "DigitsAgent",
     "GatewayModel",
     "LocalAgentRunner",
     "LocalStackError",
@@ -65,10 +83,14 @@ __all__ = (
     "TokenShareTask",
     "ToolEnv",
     "ToolEnvSpec",
+    "ToyAgent",
+    "UpperAgent",
     "UpperToolTask",
     "VllmClient",
     "VllmServer",
     "WeightPushError",
+    "agent_import_path",
+    "agl_controller_argv",
     "agl_server_argv",
     "agl_server_spec",
     "cache_dir",
@@ -78,7 +100,9 @@ __all__ = (
     "free_port",
     "proxy_base_url",
     "start_agl_server",
+    "start_controller",
     "start_vllm",
+    "toy_env_map",
     "vllm_argv",
     "vllm_cpu_spec",
     "vllm_env",

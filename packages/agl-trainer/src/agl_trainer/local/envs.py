@@ -109,7 +109,8 @@ def agl_server_spec() -> ToolEnvSpec:
     """agl-server from PyPI ``agentlightning`` 1.0.x."""
     return ToolEnvSpec(
         name="agl-server",
-        requirements=("agentlightning>=1.0,<1.1",),
+        # tokenizers: the toy agents run in this environment under agl-controller (runner=controller).
+        requirements=("agentlightning>=1.0,<1.1", "tokenizers>=0.20,<1"),
         probe_module="agentlightning.server.app",
         python_env_var="AGL_SERVER_PYTHON",
         min_python=(3, 12),

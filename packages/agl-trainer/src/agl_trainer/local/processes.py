@@ -116,6 +116,15 @@ class ChildProcess:
                     )
                 time.sleep(interval)
 
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code if the process ends within ``timeout`` seconds, else None (still running)."""
+        if self._process is None:
+            raise RuntimeError(f"{self.name} was never started")
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the child's log (empty if none yet)."""
         if not self.log_path.is_file():

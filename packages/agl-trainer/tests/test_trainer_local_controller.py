@@ -1,0 +1,182 @@
+"""The real agl-controller running agents for agl: its command line, the toy agent classes, and every
+way an agent can end, seen through the trainer's sync manager against the real agl-server.
+
+The agents of the fault cases are ``controller_agents/agl_scripted_agents.py``, imported by the
+controller's workers from the agl-server tool environment; the toy agents' run through the gateway
+and a trainer step is in ``tests/e2e/test_e2e_local.py``, which has a real vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_rollout import AglClient, RolloutManagerConfig, SyncRolloutManager
+from agl_testing.requirements import missing_requirement
+from agl_trainer.local import (
+    AGENT_CLASSES,
+    AglController,
+    AglServer,
+    DigitsAgent,
+    ToolLatency,
+    agent_import_path,
+    agl_controller_argv,
+    agl_server_spec,
+    existing_tool_env,
+    start_agl_server,
+    start_controller,
+    toy_env_map,
+)
+from agl_types import RolloutState
+
+SCRIPTED_AGENTS = Path(__file__).parent / "controller_agents"
+SCRIPTED_AGENT_CLASS = "agl_scripted_agents:ScriptedAgent"
+
+
+def server_python() -> Path:
+    env = existing_tool_env(agl_server_spec())
+    if env is None:
+        missing_requirement("no agl-server tool environment; run agl-trainer once to provision it")
+    return env.python
+
+
+def test_controller_argv_runs_local_mode_against_the_server_with_hydra_outputs_off() -> None:
+    argv = agl_controller_argv(
+        Path("/env/bin/python"),
+        server_url="http://127.0.0.1:9",
+        key="k3y",
+        maximum_size=16,
+        poll_interval=0.2,
+        workdir=Path("/run"),
+    )
+    assert argv == [
+        "/env/bin/python",
+        "-m",
+        "agentlightning.controller",
+        "runner_type=local",
+        "agl_server.url=http://127.0.0.1:9",
+        "agl_server.key=k3y",
+        "local_runner.maximum_size=16",
+        "local_runner.poll_interval=0.2",
+        "hydra.run.dir=/run",
+        "hydra.output_subdir=null",
+        "hydra/job_logging=disabled",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("size", "interval", "field"), [(0, 0.2, "maximum_size=0"), (4, 0.0, "poll_interval=0.0")]
+)
+def test_controller_argv_names_a_bad_pool_size_or_tick(size: int, interval: float, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        agl_controller_argv(
+            Path("python"),
+            server_url="u",
+            key="k",
+            maximum_size=size,
+            poll_interval=interval,
+            workdir=Path("."),
+        )
+
+
+def test_toy_env_map_passes_the_whole_input_the_model_folder_and_the_tool_latency() -> None:
+    assert toy_env_map(Path("/models/tiny")) == {"AGL_TOY_INPUT": "input", "AGL_TOY_MODEL": "/models/tiny"}
+    assert toy_env_map(Path("/m"), ToolLatency(0.5, 6.0))["AGL_TOY_TOOL_LATENCY"] == "0.5:6.0"
+
+
+def test_a_toy_agent_outside_the_controller_names_the_missing_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="AGL_OPENAI_BASE_URL is not set"):
+        DigitsAgent().run()
+
+
+@pytest.mark.server
+def test_toy_agent_classes_import_in_the_agl_server_environment_through_the_linked_package(
+    tmp_path: Path,
+) -> None:
+    probe = (
+        "import importlib, sys; "
+        "[getattr(importlib.import_module(m), c) for m, c in (p.split(':') for p in sys.argv[1:])]; "
+        "print(sys.modules['agl_trainer'].__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(agent_import_path(tmp_path))}
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run(
+        [str(server_python()), "-c", probe, *AGENT_CLASSES.values()],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "agent-path" / "agl_trainer" / "__init__.py")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AglServer]:
+    with start_agl_server(server_python(), tmp_path_factory.mktemp("agl-server")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def controller(server: AglServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AglController]:
+    workdir = tmp_path_factory.mktemp("agl-controller")
+    with start_controller(
+        server_python(), server, workdir, maximum_size=8, python_path=[SCRIPTED_AGENTS]
+    ) as running:
+        yield running
+
+
+@pytest.mark.server
+@pytest.mark.timeout(180)
+def test_every_way_a_controller_run_agent_ends_is_returned_once_with_its_reason(
+    server: AglServer, controller: AglController
+) -> None:
+    rows: list[dict[str, Any]] = [
+        {"do": "reward", "x": 0.5},
+        {"do": "crash"},
+        {"do": "exit3"},
+        {"do": "silent"},
+        {"do": "hang", "seconds": 60},
+    ]
+    config = RolloutManagerConfig(
+        rollout_timeout_seconds=8,
+        poll_interval_seconds=0.05,
+        local_agent_class=SCRIPTED_AGENT_CLASS,
+        local_env_map={"AGL_TEST_INPUT": "input"},
+    )
+    with AglClient(server.url, server.key) as client:
+        result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(rows, is_train=True)
+        left = client.list_rollouts(list(RolloutState))
+    by_action = {rollout.input["do"]: rollout for rollout in result.completed}
+    assert len(result.completed) == len(rows) == len(by_action)
+    ended = {
+        action: (rollout.rollout_state, rollout.final_reward, rollout.error_message)
+        for action, rollout in by_action.items()
+        if action != "hang"
+    }
+    assert ended == {
+        "reward": (RolloutState.SUCCEEDED, 0.5, None),
+        "crash": (RolloutState.FAILED, None, "subprocess exited with code 1"),
+        "exit3": (RolloutState.FAILED, None, "subprocess exited with code 3"),
+        # The controller never checks for a reward: the trainer fills it in (reward_fillna_value).
+        "silent": (RolloutState.SUCCEEDED, None, None),
+    }
+    hung = by_action["hang"]
+    # Whichever timeout fires first fails it: the trainer's counts from the enqueue, the controller's
+    # (SIGKILL, "local subprocess timed out") from the spawn, a tick or more later.
+    assert hung.rollout_state == RolloutState.FAILED
+    assert hung.timed_out or hung.error_message == "local subprocess timed out"
+    assert result.metrics["training/n_rollouts_succeeded"] == 2
+    metrics = result.metrics
+    assert metrics["training/n_rollouts_failed"] + metrics["training/n_rollouts_timed_out"] == 3
+    assert left == [], "every rollout is deleted once returned"
