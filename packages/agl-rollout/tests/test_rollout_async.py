@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -201,3 +202,44 @@ def test_a_step_with_fewer_groups_than_it_needs_is_refused_before_enqueueing(
     assert manager.state.groups == []
     assert left == []
     assert n_requests == 1  # the listing above: nothing was created
+
+
+def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their_groups(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    restarted = threading.Event()
+
+    def held_until_restarted(_rollout: dict[str, Any]) -> AgentBehaviour:
+        return AgentBehaviour(reward=0.5) if restarted.is_set() else AgentBehaviour(wait_for=restarted)
+
+    def restart() -> None:
+        fresh_agl_server.restart()
+        restarted.set()
+
+    # The agents holding the lost rollouts fail to finish them on the new server, on purpose.
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=held_until_restarted, check_errors=False),
+    ):
+        manager = AsyncRolloutManager(client, CONFIG, train_batch_size=1, async_train_batch_size=2)
+        restarter = threading.Thread(target=_when_it_holds_rollouts(fresh_agl_server, restart))
+        restarter.start()
+        step = manager.enqueue_and_wait_until_group_completed(_samples(0, 2), step=1)
+        restarter.join()
+        carried = manager.n_groups_held
+    [xs] = _groups(step.completed).values()
+    assert xs in ([0] * N, [1] * N)
+    assert [r.final_reward for r in step.completed] == [0.5] * N
+    assert step.metrics["training/n_rollouts_recreated"] == 2.0 * N, "both groups' members were re-created"
+    assert carried == 1, "the other group is carried over with its re-created members"
+
+
+def _when_it_holds_rollouts(server: AglServerProcess, action: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while not server.rollout_ids():
+            assert time.monotonic() < deadline, "no rollout was created within 60 s"
+            time.sleep(0.02)
+        action()
+
+    return run

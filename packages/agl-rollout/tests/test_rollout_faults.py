@@ -21,10 +21,13 @@ from agl_rollout import (
     RolloutsLostError,
     SyncRolloutManager,
 )
+from agl_rollout.recovery import MAX_RECOVERIES_PER_WAIT
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.fault_proxy import FaultProxy
-from agl_types import EventCreate, RolloutCreate, RolloutState
+from agl_testing.http import call
+from agl_types import EventCreate, ModelRegistration, RolloutCreate, RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
 
@@ -98,20 +101,81 @@ def _once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None
     return threading.Thread(target=run, daemon=True)
 
 
-def test_server_restart_during_a_wait_raises_a_clear_error(fresh_agl_server: AglServerProcess) -> None:
-    restarter = _once_it_holds_a_rollout(fresh_agl_server, fresh_agl_server.restart)
+def _held_until(restarted: threading.Event) -> Callable[[dict[str, object]], AgentBehaviour]:
+    """Agents that hold every rollout created before ``restarted`` is set, and finish the others."""
+
+    def behaviour(_rollout: dict[str, object]) -> AgentBehaviour:
+        if restarted.is_set():
+            return AgentBehaviour(reward=0.5)
+        return AgentBehaviour(wait_for=restarted)
+
+    return behaviour
+
+
+def _restart_then(server: AglServerProcess, restarted: threading.Event) -> threading.Thread:
+    def restart() -> None:
+        server.restart()
+        restarted.set()
+
+    return _once_it_holds_a_rollout(server, restart)
+
+
+def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their_model(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    restarted = threading.Event()
     config = RolloutManagerConfig(poll_interval_seconds=0.05, rollout_timeout_seconds=120.0)
     with (
+        HeldCompletions() as upstream,
         AglClient(fresh_agl_server.url, TEST_KEY, retry=FAST_RETRY) as client,
-        FakeAgents(  # the server goes away under its polls on purpose
-            fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
-        ),
     ):
-        restarter.start()
-        with pytest.raises(RolloutsLostError, match="vanished from agl-server") as info:
-            SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
-        restarter.join()
-    assert len(info.value.rollout_ids) == 1
+        client.register_models(
+            [ModelRegistration(model=TEST_MODEL_NAME, endpoint=f"http://{upstream.address}/v1")]
+        )
+        # The agents holding the lost rollouts fail to finish them on the new server, on purpose.
+        with FakeAgents(fresh_agl_server.url, behaviour=_held_until(restarted), check_errors=False):
+            restarter = _restart_then(fresh_agl_server, restarted)
+            restarter.start()
+            result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(
+                [{"x": 1}, {"x": 2}], is_train=True
+            )
+            restarter.join()
+        [probe] = client.create_rollouts([RolloutCreate(input=None, rollout_id=uuid.uuid4().hex)])
+        served = call(
+            "POST",
+            f"{fresh_agl_server.url}/proxy/rollout/{probe.rollout_id}/attempt/0/mode/val/openai/v1/completions",
+            key=TEST_KEY,
+            json_body={"model": TEST_MODEL_NAME, "prompt": [1, 2], "max_tokens": 1},
+        )
+        client.delete_rollout(probe.rollout_id)
+    assert sorted((r.input["x"], r.rollout_state, r.final_reward) for r in result.completed) == [
+        (1, RolloutState.SUCCEEDED, 0.5),
+        (2, RolloutState.SUCCEEDED, 0.5),
+    ]
+    assert result.metrics["training/n_rollouts_recreated"] == 2.0
+    assert served.status == 200, f"the model registration was not restored: {served.body}"
+
+
+def test_rollouts_deleted_again_and_again_end_the_wait_with_a_clear_error(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    config = RolloutManagerConfig(poll_interval_seconds=0.02)
+    stop = threading.Event()
+
+    def delete_everything() -> None:
+        while not stop.is_set():
+            fresh_agl_server.delete_rollouts(fresh_agl_server.rollout_ids())
+            time.sleep(0.02)
+
+    deleter = threading.Thread(target=delete_everything, daemon=True)
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        deleter.start()
+        try:
+            with pytest.raises(RolloutsLostError, match=f"after {MAX_RECOVERIES_PER_WAIT} re-creations"):
+                SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
+        finally:
+            stop.set()
+            deleter.join()
 
 
 def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_deadline(

@@ -4,7 +4,8 @@ One sweep costs a constant number of round trips whatever the number of pending 
 the terminal-rollouts cursor (usually one page) says which rollouts turned terminal since
 the last sweep; one listing of RUNNING rollouts stamps start times (skipped once every
 pending rollout has one); one GET of a rotating pending rollout notices a server that lost
-its store. The statuses of the rollouts a sweep finds finished come in one listing of
+its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
+:mod:`agl_rollout.recovery`). The statuses of the rollouts a sweep finds finished come in one listing of
 terminal rollouts; each finished rollout then costs a constant two calls (its triplet
 events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
@@ -40,6 +41,7 @@ class WaitCounts:
     n_failed: int = 0
     n_timed_out: int = 0
     n_invalid_events: int = 0
+    n_recreated: int = 0
     queue_wait_s: list[float] = field(default_factory=list[float])
     run_s: list[float] = field(default_factory=list[float])
 
@@ -66,6 +68,7 @@ class WaitCounts:
             "training/n_rollouts_failed": float(self.n_failed),
             "training/n_rollouts_timed_out": float(self.n_timed_out),
             "training/n_invalid_events": float(self.n_invalid_events),
+            "training/n_rollouts_recreated": float(self.n_recreated),
         }
 
 
@@ -73,7 +76,9 @@ class RolloutTracker:
     """Finds and finishes terminal rollouts among ``pending`` (rollout id -> its record).
 
     ``cursor`` is this tracker's position in the server's completion log; it must be read
-    (:meth:`sync_cursor`) before the rollouts it waits for are created.
+    (:meth:`sync_cursor`) before the rollouts it waits for are created. ``loss_suspected`` is set
+    by a sweep that saw the log shrink or a pending rollout answer 404 (a restarted server, or a
+    foreign delete); the caller clears it once it has re-created what was lost.
     """
 
     def __init__(self, client: AglClient, config: RolloutManagerConfig, hooks: HookRunner) -> None:
@@ -81,6 +86,7 @@ class RolloutTracker:
         self.config = config
         self.hooks = hooks
         self.cursor: int | None = None
+        self.loss_suspected = False
         self._sweeps = 0
 
     def sync_cursor(self) -> None:
@@ -97,6 +103,8 @@ class RolloutTracker:
         self._sweeps += 1
         self._observe_running(pending)
         terminal_ids = self._read_terminal_log(pending)
+        if self.loss_suspected:
+            return []
         statuses = self._terminal_statuses(terminal_ids)
         done = [self._finish_terminal(pending.pop(rid), statuses.get(rid), counts) for rid in terminal_ids]
         self._check_one_exists(pending)
@@ -124,11 +132,13 @@ class RolloutTracker:
         while True:
             page = self.client.terminal_page(self.cursor, limit=self.config.terminal_page_limit)
             if page.total_terminal < self.cursor:
-                raise RolloutsLostError(
-                    self.client.base_url,
-                    list(pending),
-                    f"its completion log shrank from {self.cursor} to {page.total_terminal} entries: it restarted",
+                logger.warning(
+                    "agl-server's completion log shrank from %d to %d entries: it restarted",
+                    self.cursor,
+                    page.total_terminal,
                 )
+                self.loss_suspected = True
+                return []
             ours.extend(item.rollout_id for item in page.items if item.rollout_id in pending)
             self.cursor = page.next_after
             if self.cursor >= page.total_terminal:
@@ -155,11 +165,10 @@ class RolloutTracker:
         try:
             record_lifecycle(pending[rid], self.client.get_rollout(rid).rollout)
         except AglHTTPError as exc:
-            if exc.status_code == 404:
-                raise RolloutsLostError(
-                    self.client.base_url, [rid], "GET answers 404: restarted or deleted"
-                ) from exc
-            raise
+            if exc.status_code != 404:
+                raise
+            logger.warning("pending rollout %s is gone from agl-server: restarted or deleted", rid)
+            self.loss_suspected = True
 
     def _finish_terminal(
         self, record: EnqueuedRollout, listed: Rollout | None, counts: WaitCounts

@@ -7,7 +7,8 @@ beyond the step's need are kept for the next step, never lost. Members that fini
 finished once (hooked, turned into a CompletedRollout and deleted on the server when first
 seen) and never polled or hooked again. The carried state is a pydantic model, so a trainer
 can checkpoint it and resume, also against a restarted server: pending members it lost are
-created again (``training/async/n_lost_rollouts_recreated``).
+created again (``training/async/n_lost_rollouts_recreated``); so are those a server restart
+loses during a wait (``training/n_rollouts_recreated``, :mod:`agl_rollout.recovery`).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from agl_rollout._tracker import RolloutTracker, WaitCounts
 from agl_rollout.batch import Batch, batch_len
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
-from agl_rollout.errors import AglHTTPError
 from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue, rollout_request
+from agl_rollout.recovery import RecoveryBudget, find_lost, recreate
 from agl_rollout.sync_manager import RolloutBatchResult
-from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration, RolloutCreate
+from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
 
 logger = logging.getLogger("agl_rollout.async")
 
@@ -114,6 +115,7 @@ class AsyncRolloutManager:
         self._tracker = RolloutTracker(client, config, self.hooks)
         self._tracker.cursor = restored.cursor
         self._check_resumed = any(group.pending for group in self._groups.values())
+        self._recoveries = RecoveryBudget(client.base_url)
 
     @property
     def state(self) -> AsyncRolloutState:
@@ -189,50 +191,23 @@ class AsyncRolloutManager:
     def recreate_lost_after_resume(self) -> int:
         """Re-create the pending members of a resumed state that the server no longer has (once per resume).
 
-        agl-server keeps its store in memory, so a restart loses every queued rollout: a
-        completion log shorter than the checkpointed cursor means all pending members are
-        gone (the cursor then restarts at the new log's end); otherwise each pending member
-        is looked up once. A lost member is created again under a new rollout id with its
-        group's ``data_id`` and recorded input (``on_enqueue`` already rewrote that input and
-        does not run again); finished members are kept. Returns how many were re-created.
+        See :mod:`agl_rollout.recovery`: finished members are kept, lost pending ones are created
+        again under new ids in their groups. Returns how many were re-created.
         """
         if not self._check_resumed:
             return 0
         self._check_resumed = False
-        members = [(group, r) for group in self._groups.values() for r in group.pending.values()]
-        total_terminal = self.client.terminal_page(0, limit=1).total_terminal
-        if self._tracker.cursor is not None and total_terminal < self._tracker.cursor:
-            self._tracker.cursor = total_terminal
-            lost = members
-        else:
-            lost = [(group, r) for group, r in members if not self._exists(r.rollout_id)]
-        if not lost:
-            return 0
-        rollout_config = self.config.rollout_config()
-        requests: list[RolloutCreate] = []
-        enqueued: list[EnqueuedRollout] = []
-        for group, old in lost:
-            new = old.model_copy(update={"rollout_id": uuid.uuid4().hex, "running_at": None})
+        return self._recreate_lost([r for group in self._groups.values() for r in group.pending.values()])
+
+    def _recreate_lost(self, members: list[EnqueuedRollout]) -> int:
+        lost = find_lost(self.client, self._tracker, members)
+        self._recoveries.spend(lost)
+        group_of = {rid: group for group in self._groups.values() for rid in group.pending}
+        for old, new in zip(lost, recreate(self.client, self.config, lost, is_train=True), strict=True):
+            group = group_of[old.rollout_id]
             del group.pending[old.rollout_id]
             group.pending[new.rollout_id] = new
-            enqueued.append(new)
-            requests.append(
-                rollout_request(
-                    new.input, is_train=True, rollout_config=rollout_config, rollout_id=new.rollout_id
-                )
-            )
-        logger.warning("re-creating %d rollout(s) the server lost since the checkpoint", len(lost))
-        enqueue(self.client, QueuedBatch(requests=requests, enqueued=enqueued))
         return len(lost)
-
-    def _exists(self, rollout_id: str) -> bool:
-        try:
-            self.client.get_rollout(rollout_id)
-        except AglHTTPError as exc:
-            if exc.status_code == 404:
-                return False
-            raise
-        return True
 
     def poll(self, counts: WaitCounts) -> int:
         """One sweep: finish the pending members that turned terminal; return how many groups completed."""
@@ -247,6 +222,9 @@ class AsyncRolloutManager:
                 group.completed_seq = self._next_seq
                 self._next_seq += 1
                 newly_complete += 1
+        if self._tracker.loss_suspected:
+            self._tracker.loss_suspected = False
+            counts.n_recreated += self._recreate_lost(list(pending.values()))
         return newly_complete
 
     @property
@@ -265,7 +243,9 @@ class AsyncRolloutManager:
         return complete
 
     def release(self, groups: Sequence[CarriedGroup]) -> None:
-        """Stop holding ``groups`` (taken for training, or dropped by the caller)."""
+        """Stop holding ``groups`` (taken for training, or dropped by the caller); a step's end, so
+        the budget of lost-rollout recoveries starts over."""
+        self._recoveries = RecoveryBudget(self.client.base_url)
         for group in groups:
             del self._groups[group.data_id]
 

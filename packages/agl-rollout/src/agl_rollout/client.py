@@ -71,6 +71,7 @@ class AglClient:
         self.retry = retry or RetryPolicy()
         self.request_count = 0
         self._registered: set[tuple[str, str]] | None = None
+        self._models: list[ModelRegistration] | None = None
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
         )
@@ -165,6 +166,7 @@ class AglClient:
         """Remove every registered model endpoint (of every model name)."""
         self._send("DELETE", "/api/models")
         self._registered = set()
+        self._models = None
 
     def register_models(self, models: Sequence[ModelRegistration]) -> list[ModelRegistration]:
         """Make ``models`` the gateway's endpoints, without a gap while nothing is removed.
@@ -182,7 +184,13 @@ class AglClient:
         body = [m.model_dump(mode="json") for m in models]
         data = self._json("POST", "/api/models", json=body)
         self._registered = keys
+        self._models = list(models)
         return [ModelRegistration.model_validate(m) for m in data]
+
+    def restore_models(self) -> None:
+        """Register this client's last models again (a restarted server has none); no-op before any."""
+        if self._models is not None:
+            self.register_models(self._models)
 
     def pause(self, reason: str | None = None, *, retry_after_seconds: int = 5) -> PauseState:
         body = PauseRequest(retry_after_seconds=retry_after_seconds, reason=reason).model_dump(mode="json")

@@ -23,15 +23,18 @@ class AglUnavailableError(AglServerError):
 
 
 class RolloutsLostError(AglServerError):
-    """Rollouts this client was waiting for are no longer on the server (restart or foreign delete)."""
+    """Rollouts this client was waiting for keep vanishing from the server (a foreign delete).
+
+    A server restart is not an error: the managers re-create what it lost (:mod:`agl_rollout.recovery`).
+    """
 
     def __init__(self, base_url: str, rollout_ids: list[str], reason: str) -> None:
         self.rollout_ids = rollout_ids
         shown = ", ".join(rollout_ids[:5]) + (" ..." if len(rollout_ids) > 5 else "")
         super().__init__(
             f"{len(rollout_ids)} rollout(s) vanished from agl-server at {base_url} ({reason}): {shown}. "
-            "The server keeps its store in memory, so a restart loses every queued rollout; "
-            "restart the step (or the trainer from its last checkpoint) against the new server."
+            "Something deletes the rollouts of this trainer: check for a second trainer or a cleanup job "
+            "using this server."
         )
 
 

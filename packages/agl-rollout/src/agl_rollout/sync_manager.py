@@ -14,6 +14,7 @@ from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import build_requests, enqueue
+from agl_rollout.recovery import RecoveryBudget, find_lost, recreate
 from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
 
 
@@ -71,7 +72,7 @@ class SyncRolloutManager:
         tracker.sync_cursor()
         enqueue(self.client, queued)
         pending = {record.rollout_id: record for record in queued.enqueued}
-        completed, counts = self._wait(tracker, pending, "train rollouts" if is_train else "val rollouts")
+        completed, counts = self._wait(tracker, pending, is_train=is_train)
         metrics = {
             **counts.metrics(),
             "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
@@ -80,13 +81,25 @@ class SyncRolloutManager:
         return RolloutBatchResult(completed=completed, metrics=metrics)
 
     def _wait(
-        self, tracker: RolloutTracker, pending: dict[str, EnqueuedRollout], label: str
+        self, tracker: RolloutTracker, pending: dict[str, EnqueuedRollout], *, is_train: bool
     ) -> tuple[list[CompletedRollout], WaitCounts]:
         counts = WaitCounts()
         completed: list[CompletedRollout] = []
+        label = "train rollouts" if is_train else "val rollouts"
         progress = WaitProgress(label, len(pending), enabled=self.config.progress)
+        recoveries = RecoveryBudget(self.client.base_url)
         while pending:
             completed.extend(tracker.sweep(pending, counts))
+            if tracker.loss_suspected:
+                tracker.loss_suspected = False
+                lost = find_lost(self.client, tracker, list(pending.values()))
+                recoveries.spend(lost)
+                for old, new in zip(
+                    lost, recreate(self.client, self.config, lost, is_train=is_train), strict=True
+                ):
+                    del pending[old.rollout_id]
+                    pending[new.rollout_id] = new
+                counts.n_recreated += len(lost)
             progress.update(counts.n_done, counts, pending)
             if pending:
                 time.sleep(self.config.poll_interval_seconds)
