@@ -9,8 +9,11 @@ and a trainer step is in ``tests/e2e/test_e2e_local.py``, which has a real vLLM.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +183,78 @@ def test_every_way_a_controller_run_agent_ends_is_returned_once_with_its_reason(
     metrics = result.metrics
     assert metrics["training/n_rollouts_failed"] + metrics["training/n_rollouts_timed_out"] == 3
     assert left == [], "every rollout is deleted once returned"
+
+
+@pytest.mark.server
+@pytest.mark.timeout(180)
+def test_a_controller_killed_mid_wait_and_restarted_leaves_every_rollout_accounted_for_once(
+    tmp_path: Path,
+) -> None:
+    rows: list[dict[str, Any]] = [
+        {"do": "hang", "seconds": 5},
+        {"do": "hang", "seconds": 5},
+        {"do": "reward", "x": 1},
+    ]
+    config = RolloutManagerConfig(
+        rollout_timeout_seconds=120,
+        poll_interval_seconds=0.05,
+        local_agent_class=SCRIPTED_AGENT_CLASS,
+        local_env_map={"AGL_TEST_INPUT": "input"},
+    )
+    with (
+        start_agl_server(server_python(), tmp_path / "server") as server,
+        AglClient(server.url, server.key) as client,
+    ):
+        first = start_controller(
+            server_python(), server, tmp_path / "first", maximum_size=2, python_path=[SCRIPTED_AGENTS]
+        )
+        killer = threading.Thread(target=_kill_when_running(client, first, n_running=2))
+        killer.start()
+        second: list[AglController] = []
+
+        def restart_after_kill() -> None:
+            killer.join()
+            second.append(
+                start_controller(
+                    server_python(),
+                    server,
+                    tmp_path / "second",
+                    maximum_size=2,
+                    python_path=[SCRIPTED_AGENTS],
+                )
+            )
+
+        restarter = threading.Thread(target=restart_after_kill)
+        restarter.start()
+        try:
+            result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(rows, is_train=True)
+        finally:
+            restarter.join()
+            first.stop()
+            for controller in second:
+                controller.stop()
+    outcomes = sorted((r.input["do"], r.rollout_state, r.error_message) for r in result.completed)
+    # The new controller fails what the killed one was running (its orphans cannot be adopted) and
+    # runs what was still queued.
+    assert outcomes == [
+        ("hang", RolloutState.FAILED, "local subprocess is not running"),
+        ("hang", RolloutState.FAILED, "local subprocess is not running"),
+        ("reward", RolloutState.SUCCEEDED, None),
+    ]
+    assert len({r.rollout_id for r in result.completed}) == 3
+
+
+def _kill_when_running(client: AglClient, controller: AglController, n_running: int) -> Callable[[], None]:
+    """SIGKILL the controller (not its agents, which run in sessions of their own) once it runs ``n_running``."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while len(client.list_rollouts([RolloutState.RUNNING])) < n_running:
+            assert time.monotonic() < deadline, f"the controller did not start {n_running} agents within 60 s"
+            time.sleep(0.05)
+        pid = controller.process.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        controller.process.wait_exit(10)
+
+    return run
