@@ -209,17 +209,20 @@ def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their
 ) -> None:
     restarted = threading.Event()
 
-    def held_until_restarted(_rollout: dict[str, Any]) -> AgentBehaviour:
-        return AgentBehaviour(reward=0.5) if restarted.is_set() else AgentBehaviour(wait_for=restarted)
+    lost: set[str] = set()
 
     def restart() -> None:
+        lost.update(fresh_agl_server.rollout_ids())
         fresh_agl_server.restart()
         restarted.set()
 
-    # The agents holding the lost rollouts fail to finish them on the new server, on purpose.
+    # Every agent waits for the restart to be over, so the lost rollouts' agents fail to finish
+    # them on the new server, on purpose.
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=held_until_restarted, check_errors=False),
+        FakeAgents(
+            fresh_agl_server.url, behaviour=AgentBehaviour(reward=0.5, wait_for=restarted), check_errors=False
+        ),
     ):
         manager = AsyncRolloutManager(client, CONFIG, train_batch_size=1, async_train_batch_size=2)
         restarter = threading.Thread(target=_when_it_holds_rollouts(fresh_agl_server, restart))
@@ -232,6 +235,7 @@ def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their
     assert [r.final_reward for r in step.completed] == [0.5] * N
     assert step.metrics["training/n_rollouts_recreated"] == 2.0 * N, "both groups' members were re-created"
     assert carried == 1, "the other group is carried over with its re-created members"
+    assert len(lost) == 2 * N and lost.isdisjoint(r.rollout_id for r in step.completed)
 
 
 def _when_it_holds_rollouts(server: AglServerProcess, action: Callable[[], None]) -> Callable[[], None]:

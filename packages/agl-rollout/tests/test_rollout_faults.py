@@ -101,19 +101,11 @@ def _once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None
     return threading.Thread(target=run, daemon=True)
 
 
-def _held_until(restarted: threading.Event) -> Callable[[dict[str, object]], AgentBehaviour]:
-    """Agents that hold every rollout created before ``restarted`` is set, and finish the others."""
+def _restart_then(server: AglServerProcess, restarted: threading.Event, lost: set[str]) -> threading.Thread:
+    """Restart ``server`` once it holds a rollout; ``lost`` gets the ids it held, then ``restarted`` is set."""
 
-    def behaviour(_rollout: dict[str, object]) -> AgentBehaviour:
-        if restarted.is_set():
-            return AgentBehaviour(reward=0.5)
-        return AgentBehaviour(wait_for=restarted)
-
-    return behaviour
-
-
-def _restart_then(server: AglServerProcess, restarted: threading.Event) -> threading.Thread:
     def restart() -> None:
+        lost.update(server.rollout_ids())
         server.restart()
         restarted.set()
 
@@ -123,7 +115,7 @@ def _restart_then(server: AglServerProcess, restarted: threading.Event) -> threa
 def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their_model(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    restarted = threading.Event()
+    restarted, lost = threading.Event(), set[str]()
     config = RolloutManagerConfig(poll_interval_seconds=0.05, rollout_timeout_seconds=120.0)
     with (
         HeldCompletions() as upstream,
@@ -132,9 +124,11 @@ def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their
         client.register_models(
             [ModelRegistration(model=TEST_MODEL_NAME, endpoint=f"http://{upstream.address}/v1")]
         )
-        # The agents holding the lost rollouts fail to finish them on the new server, on purpose.
-        with FakeAgents(fresh_agl_server.url, behaviour=_held_until(restarted), check_errors=False):
-            restarter = _restart_then(fresh_agl_server, restarted)
+        # Every agent waits for the restart to be over, so the lost rollouts' agents fail to
+        # finish them on the new server, on purpose.
+        held = AgentBehaviour(reward=0.5, wait_for=restarted)
+        with FakeAgents(fresh_agl_server.url, behaviour=held, check_errors=False):
+            restarter = _restart_then(fresh_agl_server, restarted, lost)
             restarter.start()
             result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(
                 [{"x": 1}, {"x": 2}], is_train=True
@@ -153,6 +147,7 @@ def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their
         (2, RolloutState.SUCCEEDED, 0.5),
     ]
     assert result.metrics["training/n_rollouts_recreated"] == 2.0
+    assert len(lost) == 2 and lost.isdisjoint(r.rollout_id for r in result.completed)
     assert served.status == 200, f"the model registration was not restored: {served.body}"
 
 
