@@ -2,11 +2,11 @@
 
 One sweep costs a constant number of round trips whatever the number of pending rollouts:
 the terminal-rollouts cursor (usually one page) says which rollouts turned terminal since
-the last sweep; one listing of RUNNING rollouts stamps start times (skipped once every
-pending rollout has one); one GET of a rotating pending rollout notices a server that lost
+the last sweep; one listing of RUNNING and just-terminal rollouts stamps start times (until
+every pending rollout has one) and brings the finished ones' statuses; on a sweep that found
+none of ours finished, one GET of a rotating pending rollout notices a server that lost
 its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
-:mod:`agl_rollout.recovery`). The statuses of the rollouts a sweep finds finished come in one listing of
-terminal rollouts; each finished rollout then costs a constant two calls (its triplet
+:mod:`agl_rollout.recovery`). Each finished rollout then costs a constant two calls (its triplet
 events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
 
@@ -101,13 +101,14 @@ class RolloutTracker:
         if not pending:
             return []
         self._sweeps += 1
-        self._observe_running(pending)
         terminal_ids = self._read_terminal_log(pending)
         if self.loss_suspected:
             return []
-        statuses = self._terminal_statuses(terminal_ids)
+        statuses = self._list_statuses(pending, terminal_ids)
         done = [self._finish_terminal(pending.pop(rid), statuses.get(rid), counts) for rid in terminal_ids]
-        self._check_one_exists(pending)
+        if not terminal_ids:
+            # None of ours in the log, so nothing says the server still holds them: check one.
+            self._check_one_exists(pending)
         deadline = time.time() - self.config.rollout_timeout_seconds
         for rid in [rid for rid, record in pending.items() if record.enqueue_time < deadline]:
             completed = self._time_out(pending[rid], counts)
@@ -115,15 +116,6 @@ class RolloutTracker:
                 del pending[rid]
                 done.append(completed)
         return done
-
-    def _observe_running(self, pending: dict[str, EnqueuedRollout]) -> None:
-        if all(record.running_at is not None for record in pending.values()):
-            return
-        limit = max(500, 2 * len(pending))
-        for rollout in self.client.list_rollouts([RolloutState.RUNNING], limit=limit):
-            record = pending.get(rollout.rollout_id)
-            if record is not None:
-                record_lifecycle(record, rollout)
 
     def _read_terminal_log(self, pending: dict[str, EnqueuedRollout]) -> list[str]:
         self.sync_cursor()
@@ -144,18 +136,32 @@ class RolloutTracker:
             if self.cursor >= page.total_terminal:
                 return list(dict.fromkeys(ours))
 
-    def _terminal_statuses(self, terminal_ids: list[str]) -> dict[str, Rollout]:
-        """The server's copies of several just-finished rollouts in one listing, not one GET each.
+    def _list_statuses(
+        self, pending: dict[str, EnqueuedRollout], terminal_ids: list[str]
+    ) -> dict[str, Rollout]:
+        """One listing for two jobs: stamp ``running_at`` on the pending rollouts seen RUNNING
+        (skipped once all have it), and return the server's copies of the just-finished ones.
 
-        Finished rollouts are deleted as soon as they are processed, so the listing holds little
-        more than this sweep's; any it misses (a truncated list) are fetched one by one.
+        Finished rollouts are deleted as soon as they are processed, so the terminal part holds
+        little more than this sweep's; any the listing misses (truncated) are fetched one by one,
+        as is a lone finished rollout when no running stamp is needed.
         """
-        if len(terminal_ids) < 2:
+        finished = set(terminal_ids)
+        need_running = any(r.running_at is None for rid, r in pending.items() if rid not in finished)
+        states = [RolloutState.RUNNING] if need_running else []
+        if len(finished) >= (1 if need_running else 2):
+            states += [RolloutState.SUCCEEDED, RolloutState.FAILED]
+        if not states:
             return {}
-        wanted = set(terminal_ids)
-        states = [RolloutState.SUCCEEDED, RolloutState.FAILED]
-        listed = self.client.list_rollouts(states, limit=max(1000, 4 * len(terminal_ids)))
-        return {r.rollout_id: r for r in listed if r.rollout_id in wanted}
+        statuses: dict[str, Rollout] = {}
+        for rollout in self.client.list_rollouts(
+            states, limit=max(1000, 2 * len(pending) + 4 * len(finished))
+        ):
+            if rollout.rollout_id in finished:
+                statuses[rollout.rollout_id] = rollout
+            elif (record := pending.get(rollout.rollout_id)) is not None:
+                record_lifecycle(record, rollout)
+        return statuses
 
     def _check_one_exists(self, pending: dict[str, EnqueuedRollout]) -> None:
         """GET one pending rollout, a different one each sweep, to notice a server that lost it."""
