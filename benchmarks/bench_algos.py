@@ -322,15 +322,23 @@ LOSS_HEADER = (
 )
 
 
+def rollout_normalized_inputs(
+    n_rows: int, n_tokens: int, device: torch.device
+) -> tuple[dict[str, Any], torch.Tensor]:
+    """:func:`make_inputs` with rollout-normalised advantages, and each row's rollout index."""
+    inputs = make_inputs(n_rows, n_tokens, device)
+    normalized = normalize_advantages_by_rollout(
+        inputs["advantages"], inputs["mask"], inputs["rollout_ids"], divisor="rollouts"
+    )
+    index = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
+    return {**inputs, "advantages": normalized}, index
+
+
 def run_new_losses(n_rows: int, n_tokens: int, device: torch.device, samples: int) -> str:
     """Time CISPO and GSPO per rollout against verl's cispo/gspo and per-row loops; its table line."""
-    inputs = make_inputs(n_rows, n_tokens, device)
-    ids, mask = inputs["rollout_ids"], inputs["mask"]
-    normalized = normalize_advantages_by_rollout(inputs["advantages"], mask, ids, divisor="rollouts")
-    inputs = {**inputs, "advantages": normalized}
-    index = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
+    inputs, index = rollout_normalized_inputs(n_rows, n_tokens, device)
+    ids, mask, old, adv = inputs["rollout_ids"], inputs["mask"], inputs["old"], inputs["advantages"]
     config = PolicyLossConfig()
-    old, adv = inputs["old"], inputs["advantages"]
 
     def gspo(*args: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         return compute_policy_loss_gspo_per_rollout(*args, rollout_index=index)
@@ -374,13 +382,9 @@ GEO_MEAN_HEADER = (
 
 def run_geo_mean(n_rows: int, n_tokens: int, device: torch.device, samples: int) -> str:
     """Time geo_mean_per_rollout against verl's geo_mean and a per-rollout loop; its table line."""
-    inputs = make_inputs(n_rows, n_tokens, device)
-    ids, mask = inputs["rollout_ids"], inputs["mask"]
-    normalized = normalize_advantages_by_rollout(inputs["advantages"], mask, ids, divisor="rollouts")
-    inputs = {**inputs, "advantages": normalized}
-    index = torch.as_tensor(np.arange(n_rows) // ROWS_PER_ROLLOUT, device=device)
+    inputs, index = rollout_normalized_inputs(n_rows, n_tokens, device)
+    ids, mask, old, adv = inputs["rollout_ids"], inputs["mask"], inputs["old"], inputs["advantages"]
     config = PolicyLossConfig()
-    old, adv = inputs["old"], inputs["advantages"]
 
     def geo_mean(*args: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         return compute_policy_loss_geo_mean_per_rollout(*args, rollout_index=index)

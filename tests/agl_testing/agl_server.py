@@ -14,10 +14,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,6 +159,33 @@ class AglServerProcess:
         if not self.log_path.exists():
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None]) -> threading.Thread:
+    """A daemon thread (not started) that runs ``action`` as soon as ``server`` holds a rollout."""
+
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while not server.rollout_ids():
+            assert time.monotonic() < deadline, "no rollout was created within 60 s"
+            time.sleep(0.02)
+        action()
+
+    return threading.Thread(target=run, daemon=True)
+
+
+def restart_once_it_holds_a_rollout(
+    server: AglServerProcess, restarted: threading.Event, lost: set[str]
+) -> threading.Thread:
+    """:func:`once_it_holds_a_rollout` restarting ``server``: ``lost`` gets the ids it held, then
+    ``restarted`` is set."""
+
+    def restart() -> None:
+        lost.update(server.rollout_ids())
+        server.restart()
+        restarted.set()
+
+    return once_it_holds_a_rollout(server, restart)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from agl_rollout import (
     TraceWriter,
 )
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.agl_server import TEST_KEY, AglServerProcess, restart_once_it_holds_a_rollout
 from agl_types import CompletedRollout, Event, Rollout, RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
@@ -207,15 +206,7 @@ def test_a_step_with_fewer_groups_than_it_needs_is_refused_before_enqueueing(
 def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their_groups(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    restarted = threading.Event()
-
-    lost: set[str] = set()
-
-    def restart() -> None:
-        lost.update(fresh_agl_server.rollout_ids())
-        fresh_agl_server.restart()
-        restarted.set()
-
+    restarted, lost = threading.Event(), set[str]()
     # Every agent waits for the restart to be over, so the lost rollouts' agents fail to finish
     # them on the new server, on purpose.
     with (
@@ -225,7 +216,7 @@ def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their
         ),
     ):
         manager = AsyncRolloutManager(client, CONFIG, train_batch_size=1, async_train_batch_size=2)
-        restarter = threading.Thread(target=_when_it_holds_rollouts(fresh_agl_server, restart))
+        restarter = restart_once_it_holds_a_rollout(fresh_agl_server, restarted, lost)
         restarter.start()
         step = manager.enqueue_and_wait_until_group_completed(_samples(0, 2), step=1)
         restarter.join()
@@ -236,14 +227,3 @@ def test_server_restart_during_an_async_wait_recreates_the_lost_members_in_their
     assert step.metrics["training/n_rollouts_recreated"] == 2.0 * N, "both groups' members were re-created"
     assert carried == 1, "the other group is carried over with its re-created members"
     assert len(lost) == 2 * N and lost.isdisjoint(r.rollout_id for r in step.completed)
-
-
-def _when_it_holds_rollouts(server: AglServerProcess, action: Callable[[], None]) -> Callable[[], None]:
-    def run() -> None:
-        deadline = time.monotonic() + 60
-        while not server.rollout_ids():
-            assert time.monotonic() < deadline, "no rollout was created within 60 s"
-            time.sleep(0.02)
-        action()
-
-    return run

@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
@@ -23,7 +22,13 @@ from agl_rollout import (
 )
 from agl_rollout.recovery import MAX_RECOVERIES_PER_WAIT
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.agl_server import (
+    TEST_KEY,
+    TEST_MODEL_NAME,
+    AglServerProcess,
+    once_it_holds_a_rollout,
+    restart_once_it_holds_a_rollout,
+)
 from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.fault_proxy import FaultProxy
 from agl_testing.http import call
@@ -88,30 +93,6 @@ def test_a_dropped_response_is_retried_at_once_on_a_new_connection_and_a_refused
     assert delays == [0.0, 0.0, 0.0, 0.3, 0.3, 0.3]
 
 
-def _once_it_holds_a_rollout(server: AglServerProcess, action: Callable[[], None]) -> threading.Thread:
-    """A thread that runs ``action`` as soon as ``server`` holds a rollout (the wait has begun)."""
-
-    def run() -> None:
-        deadline = time.monotonic() + 60
-        while not server.rollout_ids():
-            assert time.monotonic() < deadline, "no rollout was created within 60 s"
-            time.sleep(0.02)
-        action()
-
-    return threading.Thread(target=run, daemon=True)
-
-
-def _restart_then(server: AglServerProcess, restarted: threading.Event, lost: set[str]) -> threading.Thread:
-    """Restart ``server`` once it holds a rollout; ``lost`` gets the ids it held, then ``restarted`` is set."""
-
-    def restart() -> None:
-        lost.update(server.rollout_ids())
-        server.restart()
-        restarted.set()
-
-    return _once_it_holds_a_rollout(server, restart)
-
-
 def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their_model(
     fresh_agl_server: AglServerProcess,
 ) -> None:
@@ -128,7 +109,7 @@ def test_server_restart_during_a_sync_wait_recreates_the_lost_rollouts_and_their
         # finish them on the new server, on purpose.
         held = AgentBehaviour(reward=0.5, wait_for=restarted)
         with FakeAgents(fresh_agl_server.url, behaviour=held, check_errors=False):
-            restarter = _restart_then(fresh_agl_server, restarted, lost)
+            restarter = restart_once_it_holds_a_rollout(fresh_agl_server, restarted, lost)
             restarter.start()
             result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(
                 [{"x": 1}, {"x": 2}], is_train=True
@@ -184,7 +165,7 @@ def test_server_that_stays_down_raises_an_unavailable_error_after_the_retry_dead
             fresh_agl_server.url, behaviour=AgentBehaviour(outcome="never_start"), check_errors=False
         ),
     ):
-        _once_it_holds_a_rollout(fresh_agl_server, fresh_agl_server.stop).start()
+        once_it_holds_a_rollout(fresh_agl_server, fresh_agl_server.stop).start()
         with pytest.raises(AglServerError, match="check that agl-server is running"):
             SyncRolloutManager(client, config).enqueue_and_wait_until_completed([{"x": 1}], is_train=True)
 

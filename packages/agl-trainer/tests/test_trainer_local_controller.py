@@ -41,6 +41,16 @@ SCRIPTED_AGENTS = Path(__file__).parent / "controller_agents"
 SCRIPTED_AGENT_CLASS = "agl_scripted_agents:ScriptedAgent"
 
 
+def scripted_config(rollout_timeout_seconds: float) -> RolloutManagerConfig:
+    """The sync manager's config for rollouts run by :data:`SCRIPTED_AGENT_CLASS`."""
+    return RolloutManagerConfig(
+        rollout_timeout_seconds=rollout_timeout_seconds,
+        poll_interval_seconds=0.05,
+        local_agent_class=SCRIPTED_AGENT_CLASS,
+        local_env_map={"AGL_TEST_INPUT": "input"},
+    )
+
+
 def server_python() -> Path:
     env = existing_tool_env(agl_server_spec())
     if env is None:
@@ -151,12 +161,7 @@ def test_every_way_a_controller_run_agent_ends_is_returned_once_with_its_reason(
         {"do": "silent"},
         {"do": "hang", "seconds": 60},
     ]
-    config = RolloutManagerConfig(
-        rollout_timeout_seconds=8,
-        poll_interval_seconds=0.05,
-        local_agent_class=SCRIPTED_AGENT_CLASS,
-        local_env_map={"AGL_TEST_INPUT": "input"},
-    )
+    config = scripted_config(rollout_timeout_seconds=8)
     with AglClient(server.url, server.key) as client:
         result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(rows, is_train=True)
         left = client.list_rollouts(list(RolloutState))
@@ -195,12 +200,7 @@ def test_a_controller_killed_mid_wait_and_restarted_leaves_every_rollout_account
         {"do": "hang", "seconds": 5},
         {"do": "reward", "x": 1},
     ]
-    config = RolloutManagerConfig(
-        rollout_timeout_seconds=120,
-        poll_interval_seconds=0.05,
-        local_agent_class=SCRIPTED_AGENT_CLASS,
-        local_env_map={"AGL_TEST_INPUT": "input"},
-    )
+    config = scripted_config(rollout_timeout_seconds=120)
     with (
         start_agl_server(server_python(), tmp_path / "server") as server,
         AglClient(server.url, server.key) as client,

@@ -28,7 +28,7 @@ from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue, rollout_request
-from agl_rollout.recovery import RecoveryBudget, find_lost, recreate
+from agl_rollout.recovery import RecoveryBudget, recover_lost
 from agl_rollout.sync_manager import RolloutBatchResult
 from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
 
@@ -200,14 +200,15 @@ class AsyncRolloutManager:
         return self._recreate_lost([r for group in self._groups.values() for r in group.pending.values()])
 
     def _recreate_lost(self, members: list[EnqueuedRollout]) -> int:
-        lost = find_lost(self.client, self._tracker, members)
-        self._recoveries.spend(lost)
+        replaced = recover_lost(
+            self.client, self.config, self._tracker, self._recoveries, members, is_train=True
+        )
         group_of = {rid: group for group in self._groups.values() for rid in group.pending}
-        for old, new in zip(lost, recreate(self.client, self.config, lost, is_train=True), strict=True):
+        for old, new in replaced:
             group = group_of[old.rollout_id]
             del group.pending[old.rollout_id]
             group.pending[new.rollout_id] = new
-        return len(lost)
+        return len(replaced)
 
     def poll(self, counts: WaitCounts) -> int:
         """One sweep: finish the pending members that turned terminal; return how many groups completed."""

@@ -49,7 +49,7 @@ class RecoveryBudget:
             )
 
 
-def find_lost(
+def _find_lost(
     client: AglClient, tracker: RolloutTracker, records: Sequence[EnqueuedRollout]
 ) -> list[EnqueuedRollout]:
     """The ``records`` the server no longer has; resets ``tracker``'s cursor after a restart."""
@@ -60,7 +60,7 @@ def find_lost(
     return [record for record in records if not _exists(client, record.rollout_id)]
 
 
-def recreate(
+def _recreate(
     client: AglClient, config: RolloutManagerConfig, lost: Sequence[EnqueuedRollout], *, is_train: bool
 ) -> list[EnqueuedRollout]:
     """Create each of ``lost`` again under a new id; returns the new records, in the same order."""
@@ -83,6 +83,22 @@ def recreate(
     return fresh
 
 
+def recover_lost(
+    client: AglClient,
+    config: RolloutManagerConfig,
+    tracker: RolloutTracker,
+    budget: RecoveryBudget,
+    records: Sequence[EnqueuedRollout],
+    *,
+    is_train: bool,
+) -> list[tuple[EnqueuedRollout, EnqueuedRollout]]:
+    """:func:`_find_lost` among ``records``, charged to ``budget``, then :func:`_recreate`: each lost
+    record paired with the record that replaces it."""
+    lost = _find_lost(client, tracker, records)
+    budget.spend(lost)
+    return list(zip(lost, _recreate(client, config, lost, is_train=is_train), strict=True))
+
+
 def _exists(client: AglClient, rollout_id: str) -> bool:
     try:
         client.get_rollout(rollout_id)
@@ -93,4 +109,4 @@ def _exists(client: AglClient, rollout_id: str) -> bool:
     return True
 
 
-__all__ = ("MAX_RECOVERIES_PER_WAIT", "RecoveryBudget", "find_lost", "recreate")
+__all__ = ("MAX_RECOVERIES_PER_WAIT", "RecoveryBudget", "recover_lost")

@@ -14,7 +14,7 @@ from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import build_requests, enqueue
-from agl_rollout.recovery import RecoveryBudget, find_lost, recreate
+from agl_rollout.recovery import RecoveryBudget, recover_lost
 from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
 
 
@@ -92,14 +92,13 @@ class SyncRolloutManager:
             completed.extend(tracker.sweep(pending, counts))
             if tracker.loss_suspected:
                 tracker.loss_suspected = False
-                lost = find_lost(self.client, tracker, list(pending.values()))
-                recoveries.spend(lost)
-                for old, new in zip(
-                    lost, recreate(self.client, self.config, lost, is_train=is_train), strict=True
-                ):
+                replaced = recover_lost(
+                    self.client, self.config, tracker, recoveries, list(pending.values()), is_train=is_train
+                )
+                for old, new in replaced:
                     del pending[old.rollout_id]
                     pending[new.rollout_id] = new
-                counts.n_recreated += len(lost)
+                counts.n_recreated += len(replaced)
             progress.update(counts.n_done, counts, pending)
             if pending:
                 time.sleep(self.config.poll_interval_seconds)
