@@ -7,6 +7,7 @@ environments that ``scripts/test`` provisions: skipped where they are absent, fa
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ import torch
 
 from agl_rollout import AglClient
 from agl_testing.requirements import missing_requirement
+from agl_testing.waiting import wait_until
 from agl_trainer.demo import DEMO_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.local import (
@@ -333,7 +335,59 @@ def test_two_sync_steps_train_on_what_vllm_generated_and_reload_it(
     assert _max_abs_diff(served_after, served_before) > 100 * LOG_PROB_ATOL, "training must move the probe"
 
 
-def test_a_sync_step_through_agl_controller_trains_what_its_toy_agent_processes_generated(
+class GatewayPauser:
+    """Pauses the gateway once the step's rollouts exist (before their agent processes, which the
+    controller spawns on its next tick, can import and call) and resumes it once the server's
+    access log shows a model call refused with 429: agents then call a paused gateway mid-step."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.log_path = stack.server.process.log_path
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def __enter__(self) -> GatewayPauser:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(timeout=180)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        try:
+            with AglClient(self.stack.server.url, self.stack.server.key) as client:
+                wait_until(lambda: bool(client.list_rollouts(ALL_STATES)), "a rollout created", 120)
+                client.pause("test: agents call a paused gateway", retry_after_seconds=1)
+                try:
+                    wait_until(
+                        lambda: bool(self.refused()), "a model call refused by the paused gateway", 120
+                    )
+                finally:
+                    client.resume()
+        except BaseException as exc:  # raised again in the test's thread
+            self.error = exc
+
+    def proxy_answers(self) -> list[tuple[str, int]]:
+        """(rollout id, status code) of every model call the gateway answered so far."""
+        answers = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = PROXY_ANSWER.search(line)
+            if match is not None:
+                answers.append((match["rollout_id"], int(match["code"])))
+        return answers
+
+    def refused(self) -> set[str]:
+        return {rollout_id for rollout_id, code in self.proxy_answers() if code == 429}
+
+
+PROXY_ANSWER = re.compile(
+    r'"POST /proxy/rollout/(?P<rollout_id>\w+)/attempt/\w+/mode/\w+/openai/v1/completions[^"]*" (?P<code>\d{3})'
+)
+
+
+def test_a_sync_step_through_agl_controller_trains_what_its_toy_agent_processes_generated_through_a_pause(
     stack: Stack, new_trainer: TrainerFactory, tmp_path: Path
 ) -> None:
     trainer = new_trainer(
@@ -345,18 +399,28 @@ def test_a_sync_step_through_agl_controller_trains_what_its_toy_agent_processes_
     recorded = _record(trainer)
     server_env = existing_tool_env(agl_server_spec())
     assert server_env is not None
-    with start_controller(
-        server_env.python,
-        stack.server,
-        tmp_path / "controller",
-        maximum_size=16,
-        python_path=[agent_import_path(tmp_path)],
+    with (
+        start_controller(
+            server_env.python,
+            stack.server,
+            tmp_path / "controller",
+            maximum_size=16,
+            python_path=[agent_import_path(tmp_path)],
+        ),
+        GatewayPauser(stack) as pauser,
     ):
         trainer.fit()
 
     assert _rollouts_on_server(stack) == set(), "rollouts were not deleted after use"
     ((completed,), (metrics,)) = recorded.completed, recorded.metrics
     assert metrics["training/n_rollouts_succeeded"] == 16
+    assert len({rollout.rollout_id for rollout in completed}) == 16
+    ours = {rollout.rollout_id: rollout for rollout in completed}
+    answers = [(rollout_id, code) for rollout_id, code in pauser.proxy_answers() if rollout_id in ours]
+    assert {code for _, code in answers} == {200, 429}, "agents called the paused gateway and went on"
+    for rollout_id, rollout in ours.items():
+        served = sum(1 for rid, code in answers if rid == rollout_id and code == 200)
+        assert len(rollout.triplets) == served, "every served call is recorded once, no refused one"
     tokenizer = stack.task.tokenizer
     for rollout in completed:
         generated = [token for triplet in rollout.triplets for token in triplet.response_token_ids]

@@ -9,11 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from agl_testing.waiting import wait_until
 from agl_trainer.local import ChildProcess, ProcessStartError, free_port
 
 
@@ -34,13 +34,6 @@ def _wait_for_file(path: Path, timeout_s: float = 60.0) -> str:
             return path.read_text().strip()
         time.sleep(0.05)
     raise AssertionError(f"{path} did not appear within {timeout_s} s")
-
-
-def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def _as_a_foreground_process_starts() -> None:
@@ -97,7 +90,7 @@ def test_stop_kills_grandchildren_of_the_group(tmp_path: Path) -> None:
     grandchild = int(_wait_for_file(pid_file))
     assert _pid_alive(grandchild)
     child.stop(grace=5)
-    _wait_until(lambda: not _pid_alive(grandchild), "the grandchild's exit")
+    wait_until(lambda: not _pid_alive(grandchild), "the grandchild's exit")
 
 
 def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Path) -> None:
@@ -118,7 +111,7 @@ def test_stop_is_idempotent_and_returns_exit_code(tmp_path: Path) -> None:
     child = ChildProcess("quick", [sys.executable, "-c", "pass"], cwd=tmp_path, log_path=tmp_path / "q.log")
     assert child.stop() is None
     child.start()
-    _wait_until(lambda: not child.running, "the child's exit")
+    wait_until(lambda: not child.running, "the child's exit")
     assert child.stop() == 0
     assert child.stop() == 0
 
