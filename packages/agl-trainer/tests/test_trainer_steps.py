@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import ray
 
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
@@ -22,7 +21,6 @@ from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
-from agl_trainer.workers import ray_runtime_env
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
 
@@ -48,13 +46,6 @@ def _alternating(slow_x: int | None = None) -> Callable[[dict[str, Any]], AgentB
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("trainer") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))
-    yield
-    ray.shutdown()
 
 
 def _overrides(model_path: Path, server: AglServerProcess, out: Path, *extra: str) -> list[str]:
