@@ -281,10 +281,14 @@ def test_ctrl_c_stops_every_replica_and_prints_the_step_and_checkpoint(
     handlers = [list(logger.handlers) for logger in loggers]
     GpuBoundReplicaStandIn.interrupt_pid = os.getpid()  # Ctrl-C during the first weight sync
     GpuBoundReplicaStandIn.launch_servers = launch_and_remember  # type: ignore[method-assign]
+    # A test command started in the background (`cmd &`) inherits SIGINT ignored; a user's
+    # foreground Ctrl-C raises KeyboardInterrupt, so this test restores that for its duration.
+    inherited_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(SystemExit) as exit_info:
             cli.main(overrides)
     finally:
+        signal.signal(signal.SIGINT, inherited_sigint)
         GpuBoundReplicaStandIn.interrupt_pid = None
         GpuBoundReplicaStandIn.launch_servers = launch  # type: ignore[method-assign]
         for logger, before in zip(loggers, handlers, strict=True):  # main() configures agl's loggers
