@@ -1,6 +1,7 @@
 """Root conftest: loaded by every pass of the test command (the workspace and each package's
 own venv). It makes the shared fixtures of ``tests/agl_testing`` available to every package and
-loads the plugin that selects the Hypothesis profile and gates skips under ``CI=true``."""
+loads the plugins that select the Hypothesis profile, gate skips under ``CI=true``, and run each
+test once per test command."""
 
 import os
 
@@ -10,4 +11,9 @@ import os
 # module imports it; agl_trainer.workers sets the same for the workers' own children.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
-pytest_plugins = ("agl_testing.agl_server", "agl_testing.ci_gate", "agl_testing.ray_cluster")
+pytest_plugins = (
+    "agl_testing.agl_server",
+    "agl_testing.ci_gate",
+    "agl_testing.ray_cluster",
+    "agl_testing.run_once",
+)

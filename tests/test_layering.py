@@ -151,7 +151,7 @@ def test_package_imports_respect_layering(rule: Rule) -> None:
     [
         ("agl_types", ("torch", "httpx", "verl", "ray", "agl_rollout")),
         ("agl_rollout", ("torch", "numpy", "verl", "ray", "vllm")),
-        ("agl_adapter", ("httpx", "verl", "ray", "vllm")),
+        ("agl_adapter", ("httpx", "verl", "ray", "vllm", "wandb", "tensordict")),
         ("agl_algos", ("httpx", "verl", "ray", "vllm")),
     ],
 )

@@ -410,12 +410,3 @@ def test_load_hooks_with_two_subclasses_raises_value_error_naming_both(tmp_path:
 def test_load_hooks_of_a_missing_file_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="Hooks module not found"):
         load_hooks(tmp_path / "nope.py")
-
-
-def test_importing_agl_rollout_loads_neither_torch_numpy_nor_verl() -> None:
-    import subprocess
-    import sys
-
-    code = "import sys, agl_rollout; print(sorted(m for m in ('torch', 'numpy', 'verl') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
