@@ -356,27 +356,35 @@ class GatewayPauser:
         try:
             with AglClient(self.stack.server.url, self.stack.server.key) as client:
                 wait_until(lambda: bool(client.list_rollouts(ALL_STATES)), "a rollout created", 120)
+                # The server's log is the module's: earlier tests' calls were refused in weight pushes.
+                paused_at = self.log_path.stat().st_size
                 client.pause("test: agents call a paused gateway", retry_after_seconds=1)
                 try:
                     wait_until(
-                        lambda: bool(self.refused()), "a model call refused by the paused gateway", 120
+                        lambda: bool(self.refused(since=paused_at)),
+                        "a model call refused by the paused gateway",
+                        120,
                     )
                 finally:
                     client.resume()
         except BaseException as exc:  # raised again in the test's thread
             self.error = exc
 
-    def proxy_answers(self) -> list[tuple[str, int]]:
-        """(rollout id, status code) of every model call the gateway answered so far."""
+    def proxy_answers(self, since: int = 0) -> list[tuple[str, int]]:
+        """(rollout id, status code) of every model call the gateway answered from byte ``since``
+        of its log on."""
+        with self.log_path.open("rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
         answers = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
+        for line in text.splitlines():
             match = PROXY_ANSWER.search(line)
             if match is not None:
                 answers.append((match["rollout_id"], int(match["code"])))
         return answers
 
-    def refused(self) -> set[str]:
-        return {rollout_id for rollout_id, code in self.proxy_answers() if code == 429}
+    def refused(self, since: int) -> set[str]:
+        return {rollout_id for rollout_id, code in self.proxy_answers(since) if code == 429}
 
 
 PROXY_ANSWER = re.compile(
