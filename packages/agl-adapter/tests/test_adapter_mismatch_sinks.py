@@ -1,4 +1,4 @@
-"""Where trace-merge mismatch entries go: log and JSONL file (wandb: test_adapter_mismatch_wandb.py)."""
+"""Where trace-merge mismatch entries go: log and JSONL file (wandb: test_adapter_wandb.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The wandb mismatch sink against real wandb, in offline mode (a run on disk, nothing sent)."""
+"""agl-adapter's wandb outputs against real wandb, in offline mode (a run on disk, nothing sent):
+the mismatch table and the per-step trajectory artifacts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from agl_adapter import (
     LogMismatchSink,
     MismatchEntry,
     WandbMismatchSink,
+    ZippedJsonlArtifacts,
     default_mismatch_sink,
 )
 from agl_testing.requirements import import_optional
@@ -100,3 +102,34 @@ def test_default_sink_is_wandb_only_with_an_active_run(tmp_path: Path) -> None:
     finally:
         run.finish()
     assert isinstance(default_mismatch_sink(), LogMismatchSink)
+
+
+def test_an_active_run_gets_each_written_file_as_an_artifact_of_its_kind(
+    offline_run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logged: list[Any] = []
+    log_artifact = offline_run.log_artifact
+
+    def spy(artifact: Any, *args: Any, **kwargs: Any) -> Any:
+        logged.append(artifact)
+        return log_artifact(artifact, *args, **kwargs)
+
+    monkeypatch.setattr(offline_run, "log_artifact", spy)
+    artifacts = ZippedJsonlArtifacts(tmp_path / "trajectories")
+    artifacts.write("train_trajectories", [{"rollout_id": "r1"}, {"rollout_id": "r2"}], 7)
+    [artifact] = logged
+    assert artifact.name == f"train_trajectories-{offline_run.id}-step-7"
+    assert artifact.type == "train_trajectories"
+    assert artifact.metadata == {"global_steps": 7, "row_count": 2, "format": "jsonl.zip"}
+    [entry] = artifact.manifest.entries.values()
+    local = tmp_path / "trajectories" / "step_7" / "train_trajectories.jsonl.zip"
+    assert entry.path == "step_7/train_trajectories.jsonl.zip"
+    assert entry.size == local.stat().st_size
+
+
+def test_without_a_run_only_the_file_is_written(tmp_path: Path) -> None:
+    assert wandb.run is None
+    ZippedJsonlArtifacts(tmp_path).write("validation_trajectories", [{"rollout_id": "r1"}], 2)
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.zip")] == [
+        "step_2/validation_trajectories.jsonl.zip"
+    ]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
+from agl_adapter import ZippedJsonlArtifacts
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.settings import validate_config
 
@@ -53,6 +55,14 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
             "agentlightning.drain_poll_interval_seconds must be > 0",
         ),
         (["trainer.device=cpu"], "agentlightning.external_servers.endpoints"),
+        (
+            ["agentlightning.trajectories.max_train_records=-1"],
+            "agentlightning.trajectories.max_train_records must be null or an int >= 0, got -1",
+        ),
+        (
+            ["agentlightning.trajectories.max_train_records=all"],
+            "agentlightning.trajectories.max_train_records must be null or an int >= 0, got 'all'",
+        ),
     ],
 )
 def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str], key: str) -> None:
@@ -70,3 +80,13 @@ def test_verl_replicas_serve_exactly_when_no_external_endpoints_are_given() -> N
     assert validate_config(compose_config()).uses_verl_replicas is True
     external = ["agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]", "trainer.device=cpu"]
     assert validate_config(compose_config(external)).uses_verl_replicas is False
+
+
+def test_trajectories_are_written_under_the_checkpoint_folder_unless_their_dir_is_null() -> None:
+    config = compose_config(["trainer.default_local_dir=/runs/a/checkpoints"])
+    adapter = validate_config(config).adapter(tokenizer=None)
+    assert isinstance(adapter.artifact_sink, ZippedJsonlArtifacts)
+    assert adapter.artifact_sink.folder == Path("/runs/a/checkpoints/trajectories")
+    assert adapter.max_train_trajectories == 24
+    off = validate_config(compose_config(["agentlightning.trajectories.dir=null"])).adapter(tokenizer=None)
+    assert off.artifact_sink is None

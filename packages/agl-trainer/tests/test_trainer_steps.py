@@ -7,6 +7,7 @@ no weights are pushed; every other part of the step runs for real.
 from __future__ import annotations
 
 import json
+import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,7 +186,7 @@ def test_fit_runs_two_async_steps_with_carry_over_and_resumes(
     assert carried <= set(trained) | still_carried  # every carried group was trained or is still held
 
 
-def test_step_with_no_trainable_rows_is_logged_and_still_validates_and_checkpoints(
+def test_step_with_no_trainable_rows_is_logged_and_still_writes_trajectories_validates_and_checkpoints(
     model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
 ) -> None:
     trainer = _trainer(
@@ -206,6 +207,12 @@ def test_step_with_no_trainable_rows_is_logged_and_still_validates_and_checkpoin
     assert len(agents.stats.claimed) == 4 + len(VAL_ROWS)  # the last step validated
     state = json.loads((tmp_path / "ckpt" / "global_step_1" / "agl_state.json").read_text())
     assert state["weight_version"] == 0
+    written = tmp_path / "ckpt" / "trajectories" / "step_1"
+    train = _zipped_jsonl(written / "train_trajectories.jsonl.zip")
+    assert [(r["n_turns"], r["reward"], r["mismatch"]) for r in train] == [(1, 1.0, "none")] * 4
+    validation = _zipped_jsonl(written / "validation_trajectories.jsonl.zip")
+    assert len(validation) == len(VAL_ROWS)
+    assert sorted(r["rollout_id"] for r in train + validation) == sorted(agents.stats.claimed)
 
 
 def test_startup_hook_that_raises_is_logged_and_training_goes_on(
@@ -263,6 +270,12 @@ def test_fit_finishes_the_tracker_with_exit_code_1_when_a_step_raises(
     with pytest.raises(RuntimeError, match="step broke"):
         trainer.fit()
     assert exit_codes == [1]
+
+
+def _zipped_jsonl(path: Path) -> list[dict[str, Any]]:
+    with zipfile.ZipFile(path) as archive:
+        [member] = archive.namelist()
+        return [json.loads(line) for line in archive.read(member).decode().splitlines()]
 
 
 def _record_weight_pushes(trainer: AglRayPPOTrainer) -> list[str]:

@@ -19,6 +19,15 @@ from agl_adapter.padding import (
     get_right_padded_ids_and_attention_mask,
     ids_startswith,
 )
+from agl_adapter.trajectories import (
+    TRACE_MERGE_MISMATCHES,
+    TRAIN_TRAJECTORIES,
+    VALIDATION_TRAJECTORIES,
+    ArtifactSink,
+    TrajectoryRecord,
+    ZippedJsonlArtifacts,
+    trajectory_records,
+)
 
 __version__ = _version("agl-adapter")
 
@@ -40,6 +49,14 @@ __all__ = (
     "JsonlMismatchSink",
     "WandbMismatchSink",
     "default_mismatch_sink",
+    # per-step trajectory artifacts
+    "ArtifactSink",
+    "ZippedJsonlArtifacts",
+    "TrajectoryRecord",
+    "trajectory_records",
+    "TRAIN_TRAJECTORIES",
+    "VALIDATION_TRAJECTORIES",
+    "TRACE_MERGE_MISMATCHES",
     # list helpers
     "ids_startswith",
     "get_left_padded_ids_and_attention_mask",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 
@@ -29,6 +29,13 @@ from agl_adapter._rows import (
 from agl_adapter.batch import AdapterBatch, assemble_batch
 from agl_adapter.errors import EmptyBatchError
 from agl_adapter.mismatch import MismatchEntry, MismatchSink, cap_text, decode_ids, default_mismatch_sink
+from agl_adapter.trajectories import (
+    TRACE_MERGE_MISMATCHES,
+    TRAIN_TRAJECTORIES,
+    VALIDATION_TRAJECTORIES,
+    ArtifactSink,
+    trajectory_records,
+)
 from agl_types import CompletedRollout
 
 if TYPE_CHECKING:
@@ -81,6 +88,8 @@ class RolloutAdapter:
     ``drop_failed_rollouts``: FAILED rollouts (timed-out ones included) emit no rows; by default
     they are trained on like the reference does, with ``reward_fillna_value`` when rewardless.
     ``mismatch_sink``: where prefix-break entries go; None picks wandb or the log per step.
+    ``artifact_sink``: receives each step's trajectory records (at most ``max_train_trajectories``
+    training rollouts, every validation rollout) and its mismatch entries; None writes none.
     """
 
     def __init__(
@@ -97,6 +106,8 @@ class RolloutAdapter:
         mismatch_sink: MismatchSink | None = None,
         max_mismatch_entries: int = 100,
         max_mismatch_text_chars: int = 4000,
+        artifact_sink: ArtifactSink | None = None,
+        max_train_trajectories: int | None = 24,
     ) -> None:
         if trace_aggregator_level not in TRACE_AGGREGATOR_LEVELS:
             raise ValueError(
@@ -114,6 +125,10 @@ class RolloutAdapter:
         self.mismatch_sink = mismatch_sink
         self.max_mismatch_entries = _non_negative("max_mismatch_entries", max_mismatch_entries)
         self.max_mismatch_text_chars = _positive("max_mismatch_text_chars", max_mismatch_text_chars)
+        self.artifact_sink = artifact_sink
+        if max_train_trajectories is not None:
+            _non_negative("max_train_trajectories", max_train_trajectories)
+        self.max_train_trajectories = max_train_trajectories
 
     @property
     def is_trajectory(self) -> bool:
@@ -132,6 +147,7 @@ class RolloutAdapter:
         turn_lengths: list[int] = []
         rows: list[TrainingRow] = []
         entries: list[MismatchEntry] = []
+        mismatched: set[str] = set()
         no_trace_ids: list[str] = []
         for rollout in sorted(completed_rollouts, key=_by_step_and_sample):
             if not rollout.succeeded:
@@ -149,7 +165,7 @@ class RolloutAdapter:
             lengths = [len(triplet.response_token_ids) for triplet in rollout.triplets]
             turn_lengths += lengths
             counts.n_empty_response_triplets += lengths.count(0)
-            for group in self._groups(rollout, counts, entries, global_steps):
+            for group in self._groups(rollout, counts, entries, mismatched, global_steps):
                 row = finish_row(
                     group,
                     rollout_id=rollout.rollout_id,
@@ -171,6 +187,8 @@ class RolloutAdapter:
             )
         if entries:
             self._write_mismatches(entries, global_steps)
+        if self.artifact_sink is not None:
+            self._write_train_artifacts(completed_rollouts, entries, mismatched, global_steps)
         if not rows:
             raise EmptyBatchError(self._empty_reason(counts, len(no_trace_ids)))
         batch = assemble_batch(
@@ -204,6 +222,16 @@ class RolloutAdapter:
                 f"get_test_metrics received zero completed rollouts with trace "
                 f"(step {global_steps}, {len(completed_rollouts)} rollouts, none with triplets)"
             )
+        if self.artifact_sink is not None:
+            records = trajectory_records(
+                completed_rollouts,
+                global_steps=global_steps,
+                tokenizer=self.tokenizer,
+                reward_fillna_value=self.reward_fillna_value,
+                mismatched=None,
+                max_text_chars=self.max_mismatch_text_chars,
+            )
+            self._write_artifact(VALIDATION_TRAJECTORIES, records, global_steps)
         totals = [sum(len(t.response_token_ids) for t in rollout.triplets) for rollout in traced]
         turns = [len(rollout.triplets) for rollout in traced]
         return {
@@ -222,7 +250,12 @@ class RolloutAdapter:
         return self.reward_fillna_value if rollout.final_reward is None else rollout.final_reward
 
     def _groups(
-        self, rollout: CompletedRollout, counts: _StepCounts, entries: list[MismatchEntry], global_steps: int
+        self,
+        rollout: CompletedRollout,
+        counts: _StepCounts,
+        entries: list[MismatchEntry],
+        mismatched: set[str],
+        global_steps: int,
     ) -> list[Group]:
         turns = convert_turns(rollout.triplets, rollout.rollout_id)
         if not self.is_trajectory:
@@ -230,6 +263,8 @@ class RolloutAdapter:
         groups, breaks = trajectory_groups(turns)
         counts.n_unmerged += len(groups) > 1
         counts.n_prefix_breaks += len(breaks)
+        if breaks:
+            mismatched.add(rollout.rollout_id)
         room = self.max_mismatch_entries - len(entries)
         entries += (self._mismatch_entry(b, rollout, global_steps) for b in breaks[: max(room, 0)])
         return groups
@@ -261,6 +296,35 @@ class RolloutAdapter:
             sink.write(entries, global_steps)
         except Exception as exc:  # a broken sink must not cost the training step
             logger.warning("failed to write %d trace-merge mismatches to %r: %s", len(entries), sink, exc)
+
+    def _write_train_artifacts(
+        self,
+        rollouts: Sequence[CompletedRollout],
+        entries: list[MismatchEntry],
+        mismatched: set[str],
+        global_steps: int,
+    ) -> None:
+        records = trajectory_records(
+            rollouts,
+            global_steps=global_steps,
+            tokenizer=self.tokenizer,
+            reward_fillna_value=self.reward_fillna_value,
+            mismatched=frozenset(mismatched) if self.is_trajectory else None,
+            max_text_chars=self.max_mismatch_text_chars,
+            limit=self.max_train_trajectories,
+        )
+        self._write_artifact(TRAIN_TRAJECTORIES, records, global_steps)
+        if entries:
+            self._write_artifact(TRACE_MERGE_MISMATCHES, entries, global_steps)
+
+    def _write_artifact(self, kind: str, records: Sequence[Mapping[str, Any]], global_steps: int) -> None:
+        assert self.artifact_sink is not None
+        try:
+            self.artifact_sink.write(kind, records, global_steps)
+        except Exception as exc:  # like the mismatch sink: a full disk must not cost the training step
+            logger.warning(
+                "step %d: failed to write %s to %r: %s", global_steps, kind, self.artifact_sink, exc
+            )
 
     def _empty_reason(self, counts: _StepCounts, n_without_trace: int) -> str:
         return (

@@ -223,6 +223,7 @@ def run_embedded_default(
                 f"agentlightning.agl_key={server.key}",
                 f"agentlightning.served_model_name={served_name}",
                 f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+                f"agentlightning.trajectories.dir={run_dir / 'trajectories'}",
                 *overrides,
             ]
         )
@@ -235,7 +236,9 @@ def run_embedded_default(
         run_ppo(with_file_logger(config), toy.samples(64), toy.samples(4))
     png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
     summary = _local_agents_line(local) if local is not None else controller_line
-    print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}\n  {summary}.", flush=True)
+    trajectories = config.agentlightning.trajectories.dir
+    saved = f"; trajectories per step: {trajectories}" if trajectories else ""
+    print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}{saved}\n  {summary}.", flush=True)
     return DemoRun(run_dir, metrics, png, summary)
 
 

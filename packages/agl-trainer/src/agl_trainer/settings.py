@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from agl_adapter import RolloutAdapter
+from agl_adapter import RolloutAdapter, ZippedJsonlArtifacts
 from agl_trainer.drain import Drain
 
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
@@ -48,6 +48,8 @@ class AglSettings:
     drain_poll_interval_seconds: float
     external_endpoints: tuple[str, ...]
     weights_dir: str | None
+    trajectories_dir: str | None
+    max_train_trajectories: int | None
 
     @property
     def uses_verl_replicas(self) -> bool:
@@ -76,6 +78,8 @@ class AglSettings:
             reward_fillna_value=self.reward_fillna_value,
             tokenizer=tokenizer,
             drop_failed_rollouts=self.drop_failed_rollouts,
+            artifact_sink=ZippedJsonlArtifacts(self.trajectories_dir) if self.trajectories_dir else None,
+            max_train_trajectories=self.max_train_trajectories,
         )
 
     @property
@@ -99,6 +103,7 @@ class AglSettings:
         external = agl.get("external_servers") or {}
         fully_async = agl.get("fully_async") or {}
         env_map: Any = OmegaConf.to_container(agl.local.env_map) if agl.local.env_map else {}
+        trajectories = agl.get("trajectories") or {}
         return cls(
             agl_base_url=str(agl.agl_base_url),
             agl_key=str(agl.agl_key or ""),
@@ -124,11 +129,27 @@ class AglSettings:
             drain_poll_interval_seconds=float(agl.get("drain_poll_interval_seconds", 0.25)),
             external_endpoints=tuple(str(e) for e in external.get("endpoints", []) or []),
             weights_dir=external.get("weights_dir"),
+            trajectories_dir=_optional_str(trajectories.get("dir")),
+            max_train_trajectories=_records_limit(trajectories.get("max_train_records", 24)),
         )
 
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _records_limit(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"agentlightning.trajectories.max_train_records must be null or an int >= 0, got {value!r}"
+        )
+    return value
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
 
 
 def validate_config(config: DictConfig) -> AglSettings:
