@@ -162,6 +162,14 @@ def test_validation_writes_every_rollout_with_no_mismatch_class(tmp_path: Path) 
     ]
 
 
+def test_a_validation_without_any_trace_still_writes_its_records_before_it_raises(tmp_path: Path) -> None:
+    failed = _rollout([], "v1", reward=None, state=RolloutState.FAILED, error="agent crashed")
+    with pytest.raises(EmptyBatchError):
+        _adapter(tmp_path).get_test_metrics([failed], global_steps=2)
+    [record] = _read(tmp_path / "step_2" / "validation_trajectories.jsonl.zip")
+    assert (record["rollout_id"], record["error_message"]) == ("v1", "agent crashed")
+
+
 def test_a_step_with_no_trainable_rows_still_writes_its_trajectories(tmp_path: Path) -> None:
     failed = _rollout([], "r1", reward=None, state=RolloutState.FAILED, error="timed out")
     with pytest.raises(EmptyBatchError):

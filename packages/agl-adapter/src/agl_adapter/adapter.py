@@ -216,12 +216,6 @@ class RolloutAdapter:
     ) -> Metrics:
         """``val/*`` metrics over every rollout (failed ones included); needs at least one with triplets."""
         rewards = [self._filled_reward(rollout) for rollout in completed_rollouts]
-        traced = [rollout for rollout in completed_rollouts if rollout.triplets]
-        if not traced:
-            raise EmptyBatchError(
-                f"get_test_metrics received zero completed rollouts with trace "
-                f"(step {global_steps}, {len(completed_rollouts)} rollouts, none with triplets)"
-            )
         if self.artifact_sink is not None:
             records = trajectory_records(
                 completed_rollouts,
@@ -232,6 +226,12 @@ class RolloutAdapter:
                 max_text_chars=self.max_mismatch_text_chars,
             )
             self._write_artifact(VALIDATION_TRAJECTORIES, records, global_steps)
+        traced = [rollout for rollout in completed_rollouts if rollout.triplets]
+        if not traced:
+            raise EmptyBatchError(
+                f"get_test_metrics received zero completed rollouts with trace "
+                f"(step {global_steps}, {len(completed_rollouts)} rollouts, none with triplets)"
+            )
         totals = [sum(len(t.response_token_ids) for t in rollout.triplets) for rollout in traced]
         turns = [len(rollout.triplets) for rollout in traced]
         return {
