@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(
-            f"{len(ran_before)} tests deselected: they passed in an earlier pass (${_RECORD})"
+            f"deselected {len(ran_before)} test(s) that passed in an earlier pass (${_RECORD})"
         )
 
 

@@ -200,3 +200,26 @@ def test_without_an_artifact_sink_nothing_is_written(tmp_path: Path) -> None:
     adapter.build_batch([_rollout(BROKEN, "r1")], global_steps=1)
     adapter.get_test_metrics([_rollout(BROKEN, "r1")], global_steps=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_record_text_is_cut_at_max_mismatch_text_chars(tmp_path: Path) -> None:
+    long_prompt = [_t(list(range(1, 21)), [2])]
+    _adapter(tmp_path, max_mismatch_text_chars=5).build_batch([_rollout(long_prompt, "r1")], global_steps=1)
+    [record] = _read(tmp_path / "step_1" / "train_trajectories.jsonl.zip")
+    full = "".join(chr(ord("a") + i) for i in range(1, 21))
+    assert record["prompt"] == full[:5] + f"\n...[truncated {len(full) - 5} chars]"
+    assert record["prompt_ids"] == list(range(1, 21))  # the ids are never cut
+
+
+@pytest.mark.parametrize(("limit", "expected"), [(None, 5), (0, 0)])
+def test_max_train_trajectories_none_writes_all_and_zero_writes_an_empty_file(
+    tmp_path: Path, limit: int | None, expected: int
+) -> None:
+    rollouts = [_rollout(CONTINUED, f"r{i}", sample=i) for i in range(5)]
+    _adapter(tmp_path, max_train_trajectories=limit).build_batch(rollouts, global_steps=1)
+    assert len(_read(tmp_path / "step_1" / "train_trajectories.jsonl.zip")) == expected
+
+
+def test_a_negative_max_train_trajectories_is_refused_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_train_trajectories must be a non-negative int, got -1"):
+        _adapter(tmp_path, max_train_trajectories=-1)

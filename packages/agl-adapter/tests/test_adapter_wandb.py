@@ -118,7 +118,7 @@ def test_an_active_run_gets_each_written_file_as_an_artifact_of_its_kind(
     artifacts = ZippedJsonlArtifacts(tmp_path / "trajectories")
     artifacts.write("train_trajectories", [{"rollout_id": "r1"}, {"rollout_id": "r2"}], 7)
     [artifact] = logged
-    assert artifact.name == f"train_trajectories-{offline_run.id}-step-7"
+    assert artifact.name == f"train-trajectories-{offline_run.id}-step-7"  # Agent Lightning 1.0.2's name
     assert artifact.type == "train_trajectories"
     assert artifact.metadata == {"global_steps": 7, "row_count": 2, "format": "jsonl.zip"}
     [entry] = artifact.manifest.entries.values()

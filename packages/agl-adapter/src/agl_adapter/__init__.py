@@ -24,6 +24,7 @@ from agl_adapter.trajectories import (
     TRAIN_TRAJECTORIES,
     VALIDATION_TRAJECTORIES,
     ArtifactSink,
+    MismatchClass,
     TrajectoryRecord,
     ZippedJsonlArtifacts,
     trajectory_records,
@@ -51,6 +52,7 @@ __all__ = (
     "default_mismatch_sink",
     # per-step trajectory artifacts
     "ArtifactSink",
+    "MismatchClass",
     "ZippedJsonlArtifacts",
     "TrajectoryRecord",
     "trajectory_records",

@@ -89,7 +89,8 @@ class RolloutAdapter:
     they are trained on like the reference does, with ``reward_fillna_value`` when rewardless.
     ``mismatch_sink``: where prefix-break entries go; None picks wandb or the log per step.
     ``artifact_sink``: receives each step's trajectory records (at most ``max_train_trajectories``
-    training rollouts, every validation rollout) and its mismatch entries; None writes none.
+    training rollouts, every validation rollout; text capped at ``max_mismatch_text_chars``) and
+    its mismatch entries; None writes none.
     """
 
     def __init__(
@@ -188,7 +189,9 @@ class RolloutAdapter:
         if entries:
             self._write_mismatches(entries, global_steps)
         if self.artifact_sink is not None:
-            self._write_train_artifacts(completed_rollouts, entries, mismatched, global_steps)
+            self._write_train_artifacts(
+                self.artifact_sink, completed_rollouts, entries, mismatched, global_steps
+            )
         if not rows:
             raise EmptyBatchError(self._empty_reason(counts, len(no_trace_ids)))
         batch = assemble_batch(
@@ -225,7 +228,7 @@ class RolloutAdapter:
                 mismatched=None,
                 max_text_chars=self.max_mismatch_text_chars,
             )
-            self._write_artifact(VALIDATION_TRAJECTORIES, records, global_steps)
+            self._write_artifact(self.artifact_sink, VALIDATION_TRAJECTORIES, records, global_steps)
         traced = [rollout for rollout in completed_rollouts if rollout.triplets]
         if not traced:
             raise EmptyBatchError(
@@ -299,6 +302,7 @@ class RolloutAdapter:
 
     def _write_train_artifacts(
         self,
+        sink: ArtifactSink,
         rollouts: Sequence[CompletedRollout],
         entries: list[MismatchEntry],
         mismatched: set[str],
@@ -313,18 +317,18 @@ class RolloutAdapter:
             max_text_chars=self.max_mismatch_text_chars,
             limit=self.max_train_trajectories,
         )
-        self._write_artifact(TRAIN_TRAJECTORIES, records, global_steps)
+        self._write_artifact(sink, TRAIN_TRAJECTORIES, records, global_steps)
         if entries:
-            self._write_artifact(TRACE_MERGE_MISMATCHES, entries, global_steps)
+            self._write_artifact(sink, TRACE_MERGE_MISMATCHES, entries, global_steps)
 
-    def _write_artifact(self, kind: str, records: Sequence[Mapping[str, Any]], global_steps: int) -> None:
-        assert self.artifact_sink is not None
+    @staticmethod
+    def _write_artifact(
+        sink: ArtifactSink, kind: str, records: Sequence[Mapping[str, Any]], global_steps: int
+    ) -> None:
         try:
-            self.artifact_sink.write(kind, records, global_steps)
+            sink.write(kind, records, global_steps)
         except Exception as exc:  # like the mismatch sink: a full disk must not cost the training step
-            logger.warning(
-                "step %d: failed to write %s to %r: %s", global_steps, kind, self.artifact_sink, exc
-            )
+            logger.warning("step %d: failed to write %s to %r: %s", global_steps, kind, sink, exc)
 
     def _empty_reason(self, counts: _StepCounts, n_without_trace: int) -> str:
         return (

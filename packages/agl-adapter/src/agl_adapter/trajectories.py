@@ -3,7 +3,8 @@
 One compact record per rollout (its last model call's ids and decoded text, its reward, state,
 and whether its turns broke the trajectory merge), and the step's trace-merge mismatch entries,
 each kind written as a zipped JSON-lines file ``step_<N>/<kind>.jsonl.zip`` under a folder and,
-while a wandb run is active, logged as a wandb artifact of type ``<kind>``.
+while a wandb run is active, logged as a wandb artifact of type ``<kind>`` named as Agent
+Lightning 1.0.2 names its trajectory artifacts (``train-trajectories-<run id>-step-<N>``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ class TrajectoryRecord(TypedDict):
     multi-turn rollout the last prompt holds the turns before it); ``prompt``/``response`` are
     those decoded and capped. ``reward`` is filled with ``reward_fillna_value`` when the agent
     reported none (``has_reward`` says which). ``mismatch`` is ``"others"`` when a turn did not
-    continue the one before (its entries are in ``trace_merge_mismatches``), ``None`` where no
-    merge was attempted (transition level).
+    continue the one before (the step's first entries are in ``trace_merge_mismatches``),
+    ``"none"`` otherwise (also for a rollout without triplets, or a failed one dropped before
+    merging), and ``None`` at transition level, where turns are never merged. Failed and
+    traceless rollouts get a record too (the reference skips them).
     """
 
     global_steps: int
@@ -112,7 +115,7 @@ class ArtifactSink(Protocol):
 
 class ZippedJsonlArtifacts:
     """Writes ``<folder>/step_<N>/<kind>.jsonl.zip``; while a wandb run is active, also logs that
-    file as the artifact ``<kind>-<run id>-step-<N>`` of type ``<kind>``.
+    file as the artifact ``<kind with dashes>-<run id>-step-<N>`` of type ``<kind>``.
 
     A failed upload is logged and the run goes on; the local file is already written.
     """
@@ -140,7 +143,7 @@ def _log_wandb_artifact(path: Path, kind: str, n_records: int, global_steps: int
     import wandb
 
     run: Any = wandb.run
-    name = f"{kind}-{_safe_name(run.id)}-step-{global_steps}"
+    name = f"{kind.replace('_', '-')}-{_safe_name(run.id)}-step-{global_steps}"
     metadata = {"global_steps": global_steps, "row_count": n_records, "format": "jsonl.zip"}
     artifact = wandb.Artifact(name=name, type=kind, metadata=metadata)
     artifact.add_file(str(path), name=f"step_{global_steps}/{path.name}")
