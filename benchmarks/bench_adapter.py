@@ -21,8 +21,14 @@ with glibc told to mmap allocations over 128 KiB and the heap trimmed before eac
 freed buffers leave the RSS at once. Zero-filled outputs that are never written (most of
 ``token_level_scores``) are not resident, so a peak slightly under 1.00x the output is normal.
 
+``--against REV`` compares the adapter with itself at git revision REV instead: agl-adapter and
+agl-types of REV are exported to a temporary folder, and child processes time ``build_batch`` on
+the same rollouts with either version, alternating, so both see the same machine state; each
+case prints the best time of each and their ratio.
+
     .venv/bin/python benchmarks/bench_adapter.py            # 64, 256, 1024 rollouts
     .venv/bin/python benchmarks/bench_adapter.py --quick    # 64 rollouts, one repeat
+    .venv/bin/python benchmarks/bench_adapter.py --against HEAD~1 --sizes 256
 """
 
 from __future__ import annotations
@@ -30,11 +36,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import os
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -242,6 +252,58 @@ def run_case(n: int, level: str, repeats: int, max_baseline: int) -> None:
     print(f"  adapter / (convert + floor) = {results['adapter'][0] / bound_s:.2f}x")
 
 
+def adapter_seconds(n: int, level: str, repeats: int) -> float:
+    """Best time of ``build_batch`` on the benchmark's rollouts, in this process's agl_adapter."""
+    p, r = WIDTHS[level]
+    rollouts = make_rollouts(n)
+    adapter = RolloutAdapter(
+        max_prompt_length=p, max_response_length=r, pad_token_id=0, trace_aggregator_level=level
+    )
+    adapter.build_batch(rollouts)  # warm-up: imports, first allocations
+    return measure(lambda: adapter.build_batch(rollouts), repeats)[0]
+
+
+_PACKAGES = ("agl-adapter", "agl-types")
+
+
+def _export(revision: str, into: Path) -> str:
+    """Write agl-adapter's and agl-types' sources at ``revision`` under ``into``; the PYTHONPATH for them."""
+    root = Path(__file__).resolve().parent.parent
+    paths = [f"packages/{package}/src" for package in _PACKAGES]
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", revision, *paths], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return os.pathsep.join(str(into / path) for path in paths)
+
+
+def _child_seconds(pythonpath: str | None, n: int, level: str, repeats: int) -> float:
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    argv = [sys.executable, __file__, "--time-only", "--sizes", str(n), "--levels", level]
+    argv += ["--repeats", str(repeats)]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
+    return float(json.loads(out.splitlines()[-1])["seconds"])
+
+
+def compare_with_revision(revision: str, sizes: Sequence[int], levels: Sequence[str], rounds: int) -> None:
+    """Time this checkout's adapter and ``revision``'s in alternating child processes, per case."""
+    with tempfile.TemporaryDirectory(prefix="agl-bench-") as folder:
+        baseline_path = _export(revision, Path(folder))
+        print(f"this checkout against {revision}, best of {rounds} alternating rounds x 3 repeats")
+        for level in levels:
+            for n in sizes:
+                ours, theirs = float("inf"), float("inf")
+                for _ in range(rounds):
+                    theirs = min(theirs, _child_seconds(baseline_path, n, level, 3))
+                    ours = min(ours, _child_seconds(None, n, level, 3))
+                print(
+                    f"  {level:10} N={n:5}: {revision} {theirs:.3f} s, this checkout {ours:.3f} s, "
+                    f"ratio {ours / theirs:.2f}x"
+                )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Speed and memory of agl_adapter's RolloutAdapter.")
     parser.add_argument("--quick", action="store_true", help="64 rollouts, one repeat")
@@ -249,9 +311,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--levels", nargs="+", default=["trajectory", "transition"], choices=sorted(WIDTHS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-baseline-rollouts", type=int, default=256)
+    parser.add_argument("--against", metavar="REV", help="compare with the adapter at this git revision")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per case with --against")
+    parser.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes, repeats = ([64], 1) if args.quick else (args.sizes, args.repeats)
     torch.set_num_threads(1)
+    if args.time_only:
+        print(json.dumps({"seconds": adapter_seconds(sizes[0], args.levels[0], repeats)}))
+        return
+    if args.against:
+        compare_with_revision(args.against, sizes, args.levels, args.rounds)
+        return
     print(
         f"torch {torch.__version__}, numpy {np.__version__}, {os.cpu_count()} cpus, {TURNS} turns per rollout"
     )

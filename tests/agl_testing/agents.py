@@ -53,6 +53,8 @@ class AgentBehaviour:
     it QUEUING; ``weight_version`` is what the fake proxy records; ``wait_for``, when given, holds
     the rollout RUNNING until the test sets that event (after ``delay_s``; an event not set within
     120 s is an agent error), so a test orders things by events rather than by sleeps.
+    ``routed_experts`` makes each call carry MoE routes, as the gateway records them with
+    ``include_routed_experts``: an opaque payload ``routes-<turn>`` (the server does not decode it).
     """
 
     delay_s: float = 0.0
@@ -63,6 +65,7 @@ class AgentBehaviour:
     weight_version: int = 0
     token_shift: int = 0
     wait_for: threading.Event | None = None
+    routed_experts: bool = False
 
 
 _WAIT_FOR_LIMIT_S = 120.0
@@ -78,6 +81,7 @@ def model_request_data(
     version: int = 0,
     http_status: int = 200,
     model: str = TEST_MODEL_NAME,
+    routed_experts: str | None = None,
 ) -> dict[str, Any]:
     """A ``model_request`` payload in the shape the gateway proxy records for a completions call."""
     lps = log_probs if log_probs is not None else [-0.5] * len(response_ids)
@@ -101,6 +105,7 @@ def model_request_data(
         "http_status": http_status,
         "status": "ok" if ok else "error",
         "retry_count": 0,
+        "routed_experts": routed_experts,
     }
 
 
@@ -259,7 +264,12 @@ class FakeAgents:
             events.append(
                 (
                     "model_request",
-                    model_request_data(list(context), response, version=behaviour.weight_version),
+                    model_request_data(
+                        list(context),
+                        response,
+                        version=behaviour.weight_version,
+                        routed_experts=f"routes-{turn}" if behaviour.routed_experts else None,
+                    ),
                 )
             )
             context = [*context, *response, 30 + turn]

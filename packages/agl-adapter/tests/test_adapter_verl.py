@@ -10,6 +10,7 @@ import torch
 
 from agl_adapter import RolloutAdapter
 from agl_testing.requirements import import_optional
+from agl_testing.routes import npy_payload, succeeded_rollout
 from agl_types import CompletedRollout, RolloutState, Triplet
 
 verl = import_optional("verl")
@@ -68,6 +69,18 @@ def test_get_train_data_batch_returns_a_consistent_data_proto(level: str) -> Non
     assert set(proto.non_tensor_batch) == non_tensor
     assert all(isinstance(v, np.ndarray) and len(v) == n for v in proto.non_tensor_batch.values())
     assert proto.meta_info == {}
+
+
+def test_routed_experts_reach_the_data_proto_as_uint8_beside_input_ids() -> None:
+    routes = npy_payload(np.arange(16, dtype=np.int32).reshape(4, 2, 2))
+    triplet = Triplet(prompt_token_ids=[1, 2, 3], response_token_ids=[4, 5], routed_experts=routes)
+    adapter = RolloutAdapter(max_prompt_length=4, max_response_length=4, pad_token_id=0)
+    proto, _ = adapter.get_train_data_batch([succeeded_rollout([triplet])])
+    assert isinstance(proto, DataProto)
+    proto.check_consistency()
+    tensor = proto.batch["routed_experts"]
+    assert (tensor.dtype, tuple(tensor.shape)) == (torch.uint8, (1, 8, 2, 2))
+    assert tensor[0, :, 0, 0].tolist() == [0, 0, 4, 8, 12, 0, 0, 0]
 
 
 def test_data_proto_survives_verl_batch_operations() -> None:

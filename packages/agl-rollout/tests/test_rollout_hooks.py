@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from typing import Any
@@ -85,6 +86,34 @@ def test_on_failed_sees_the_events_and_its_reward_write_back_sets_the_final_rewa
     assert [r.final_reward for r in completed] == [-1.0] * 4
     assert all(r.triplets[-1].reward == -1.0 for r in completed)
     assert set(map(tuple, hooks.seen_events.values())) == {("model_request", "reward")}
+
+
+class RouteSeeingHooks(RolloutHooks):
+    def __init__(self) -> None:
+        self.routes: list[object] = []
+
+    def on_succeeded(self, rollout: Rollout, events: dict[str, list[Event]], store: TraceWriter) -> None:
+        calls = [e for e in events[rollout.visible_attempt_id] if e.event_type == "model_request"]
+        self.routes += [e.data.get("routed_experts", "absent") for e in calls]
+
+
+def test_hooks_see_events_without_moe_routes_even_when_the_triplets_fetch_them(
+    agl_server: AglServerProcess,
+) -> None:
+    hooks = RouteSeeingHooks()
+    config = dataclasses.replace(FAST, include_routed_experts=True)
+    with (
+        AglClient(agl_server.url, TEST_KEY) as client,
+        FakeAgents(agl_server.url, behaviour=AgentBehaviour(routed_experts=True)) as agents,
+    ):
+        completed = (
+            SyncRolloutManager(client, config, hooks=hooks)
+            .enqueue_and_wait_until_completed([{"x": 0}], is_train=True)
+            .completed
+        )
+    assert agents.stats.errors == []
+    assert hooks.routes == ["absent", "absent"]
+    assert [t.routed_experts for r in completed for t in r.triplets] == ["routes-0", "routes-0"]
 
 
 def test_each_rollout_is_hooked_exactly_once(agl_server: AglServerProcess) -> None:

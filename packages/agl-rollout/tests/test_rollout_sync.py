@@ -114,6 +114,25 @@ def test_multi_turn_rollout_gives_one_triplet_per_call_with_reward_on_the_last(
     assert rollout.final_reward == 0.75
 
 
+@pytest.mark.parametrize(
+    ("include", "expected"), [(True, [None, None, "routes-2"]), (False, [None, None, None])]
+)
+def test_routes_come_with_the_triplets_when_asked_and_the_server_keeps_only_a_chains_last(
+    agl_server: AglServerProcess, include: bool, expected: list[str | None]
+) -> None:
+    with (
+        AglClient(agl_server.url, TEST_KEY) as client,
+        FakeAgents(agl_server.url, behaviour=AgentBehaviour(turns=3, routed_experts=True)) as agents,
+    ):
+        [rollout] = (
+            SyncRolloutManager(client, _config(include_routed_experts=include))
+            .enqueue_and_wait_until_completed(_rows(1), is_train=True)
+            .completed
+        )
+    assert agents.stats.errors == []
+    assert [t.routed_experts for t in rollout.triplets] == expected
+
+
 def test_malformed_events_are_skipped_and_counted(agl_server: AglServerProcess) -> None:
     behaviour = AgentBehaviour(
         turns=2,

@@ -63,6 +63,11 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
             ["agentlightning.trajectories.max_train_records=all"],
             "agentlightning.trajectories.max_train_records must be null or an int >= 0, got 'all'",
         ),
+        (
+            ["+actor_rollout_ref.actor.megatron.router_replay.mode=R3"],
+            "actor_rollout_ref.actor.megatron.router_replay.mode=R3 replays the inference engine's MoE routes in "
+            "verl's megatron engine, but actor_rollout_ref.actor.strategy=fsdp would train without them",
+        ),
     ],
 )
 def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str], key: str) -> None:
@@ -90,3 +95,29 @@ def test_trajectories_are_written_under_the_checkpoint_folder_unless_their_dir_i
     assert adapter.max_train_trajectories == 24
     off = validate_config(compose_config(["agentlightning.trajectories.dir=null"])).adapter(tokenizer=None)
     assert off.artifact_sink is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "required"),
+    [
+        ([], False),
+        (
+            [
+                "+actor_rollout_ref.actor.veomni.router_replay.mode=R2",
+                "actor_rollout_ref.actor.strategy=veomni",
+            ],
+            False,
+        ),
+        (
+            [
+                "+actor_rollout_ref.actor.veomni.router_replay.mode=R3",
+                "actor_rollout_ref.actor.strategy=veomni",
+            ],
+            True,
+        ),
+    ],
+)
+def test_r3_router_replay_makes_every_row_carry_moe_routes(overrides: list[str], required: bool) -> None:
+    settings = validate_config(compose_config(overrides))
+    assert settings.adapter(tokenizer=None).require_routed_experts is required
+    assert (settings.routing_replay_key is not None) is required

@@ -93,3 +93,12 @@ def test_model_request_data_keeps_the_serving_endpoint() -> None:
         }
     )
     assert data.server == ServerRef(model="m", endpoint="http://x/v1", version=2)
+
+
+def test_triplet_model_request_keeps_the_moe_routes_payload_and_refuses_a_non_string() -> None:
+    data = TripletModelRequestData.model_validate({"response_token_ids": [4], "routed_experts": "k05VTVBZ"})
+    assert data.routed_experts == "k05VTVBZ"
+    assert TripletModelRequestData.model_validate({"response_token_ids": [4]}).routed_experts is None
+    with pytest.raises(ValidationError) as err:
+        TripletModelRequestData.model_validate({"response_token_ids": [4], "routed_experts": [[1, 2]]})
+    assert [e["loc"] for e in err.value.errors()] == [("routed_experts",)]

@@ -4,7 +4,7 @@ from importlib.metadata import version as _version
 
 from agl_adapter.adapter import TRACE_AGGREGATOR_LEVELS, Metrics, RolloutAdapter, TraceAggregatorLevel
 from agl_adapter.batch import AdapterBatch
-from agl_adapter.errors import EmptyBatchError, InvalidTraceError
+from agl_adapter.errors import EmptyBatchError, InvalidRoutesError, InvalidTraceError
 from agl_adapter.mismatch import (
     MISMATCH_COLUMNS,
     JsonlMismatchSink,
@@ -42,6 +42,7 @@ __all__ = (
     # errors
     "EmptyBatchError",
     "InvalidTraceError",
+    "InvalidRoutesError",
     # trace-merge mismatches
     "MISMATCH_COLUMNS",
     "MismatchEntry",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from agl_adapter._routes import RowRoutes
 from agl_adapter.errors import InvalidTraceError
 from agl_types import Triplet
 
@@ -29,13 +30,15 @@ UNKNOWN_VERSION = -1
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One triplet as arrays. ``log_probs`` is None when missing or not one per response token;
-    ``version`` is the weight version that served the call (``UNKNOWN_VERSION`` when not recorded)."""
+    ``version`` is the weight version that served the call (``UNKNOWN_VERSION`` when not recorded);
+    ``routes`` is the call's MoE routing payload, still encoded (decoded only for kept rows)."""
 
     index: int
     prompt: IdArray
     response: IdArray
     log_probs: LogProbArray | None
     version: int
+    routes: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class TrainingRow:
     ``prompt``: (prompt_len ≤ P,). ``response``, ``response_mask`` (1 = model token, 0 = observation),
     ``log_probs`` (0.0 on observations), ``versions`` (the weight version that produced each token; an
     observation carries the version of the call whose prompt it ends): (response_len ≤ R,).
-    ``turn_index`` is the row's first turn.
+    ``turn_index`` is the row's first turn; ``routes`` says where its MoE routes come from (R3).
     """
 
     rollout_id: str
@@ -67,6 +70,7 @@ class TrainingRow:
     reward: float
     is_drop: bool
     response_truncated: bool
+    routes: RowRoutes | None
 
     @property
     def n_trained_tokens(self) -> int:
@@ -120,6 +124,7 @@ def convert_turns(triplets: Sequence[Triplet], rollout_id: str) -> list[Turn]:
                 response=response,
                 log_probs=_log_probs(triplet.response_log_probs, len(response), rollout_id, k),
                 version=UNKNOWN_VERSION if triplet.weight_version is None else triplet.weight_version,
+                routes=triplet.routed_experts,
             )
         )
     return turns
@@ -138,9 +143,21 @@ def observation_after(prompt: IdArray, previous: Turn) -> IdArray | None:
 
 
 class Group:
-    """Consecutive turns merged into one row: the first turn's prompt, then model and observation pieces."""
+    """Consecutive turns merged into one row: the first turn's prompt, then model and observation pieces.
 
-    __slots__ = ("is_model", "log_probs", "pieces", "prompt", "turn_index", "versions")
+    ``routes`` are the last merged turn's (``routes_turn``): that call's context holds the whole row.
+    """
+
+    __slots__ = (
+        "is_model",
+        "log_probs",
+        "pieces",
+        "prompt",
+        "routes",
+        "routes_turn",
+        "turn_index",
+        "versions",
+    )
 
     def __init__(self, turn: Turn) -> None:
         self.turn_index = turn.index
@@ -149,12 +166,14 @@ class Group:
         self.is_model: list[bool] = [True]
         self.versions: list[int] = [turn.version]
         self.log_probs: list[LogProbArray] | None = None if turn.log_probs is None else [turn.log_probs]
+        self.routes, self.routes_turn = turn.routes, turn.index
 
     def append(self, observation: IdArray, turn: Turn) -> None:
         """Add a tool observation (trained with mask 0, log-prob 0.0) and the next model response."""
         self.pieces += (observation, turn.response)
         self.is_model += (False, True)
         self.versions += (turn.version, turn.version)
+        self.routes, self.routes_turn = turn.routes, turn.index
         if self.log_probs is not None:
             if turn.log_probs is None:
                 self.log_probs = None
@@ -163,8 +182,18 @@ class Group:
 
 
 def transition_groups(turns: Sequence[Turn]) -> list[Group]:
-    """One group per model call."""
-    return [Group(turn) for turn in turns]
+    """One group per model call.
+
+    A call without routes takes the next call's when that call continues its context: the server
+    keeps a chain's routes on its last call only, and they cover every earlier token of the chain.
+    """
+    groups = [Group(turn) for turn in turns]
+    for k in range(len(groups) - 2, -1, -1):
+        group, later = groups[k], groups[k + 1]
+        can_borrow = group.routes is None and later.routes is not None
+        if can_borrow and observation_after(turns[k + 1].prompt, turns[k]) is not None:
+            group.routes, group.routes_turn = later.routes, later.routes_turn
+    return groups
 
 
 def trajectory_groups(turns: Sequence[Turn]) -> tuple[list[Group], list[PrefixBreak]]:
@@ -220,6 +249,16 @@ def finish_row(
         mask = mask[:max_response_length].copy()
         versions = versions[:max_response_length].copy()
         log_probs = None if log_probs is None else log_probs[:max_response_length].copy()
+    routes = None
+    if group.routes is not None:
+        routes = RowRoutes(
+            payload=group.routes,
+            rollout_id=rollout_id,
+            turn=group.routes_turn,
+            original_prompt_length=len(group.prompt),
+            prompt_length=len(prompt),
+            response_length=len(response),
+        )
     return TrainingRow(
         rollout_id=rollout_id,
         data_id=data_id,
@@ -232,4 +271,5 @@ def finish_row(
         reward=reward,
         is_drop=is_drop,
         response_truncated=truncated,
+        routes=routes,
     )

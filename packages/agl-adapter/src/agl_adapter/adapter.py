@@ -91,6 +91,9 @@ class RolloutAdapter:
     ``artifact_sink``: receives each step's trajectory records (at most ``max_train_trajectories``
     training rollouts, every validation rollout; text capped at ``max_mismatch_text_chars``) and
     its mismatch entries; None writes none.
+    ``require_routed_experts``: R3 routing replay is on, so every training row must carry its model
+    calls' MoE routes (an InvalidRoutesError names the first row without); otherwise the batch has
+    ``routed_experts`` only when every row has routes.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class RolloutAdapter:
         max_mismatch_text_chars: int = 4000,
         artifact_sink: ArtifactSink | None = None,
         max_train_trajectories: int | None = 24,
+        require_routed_experts: bool = False,
     ) -> None:
         if trace_aggregator_level not in TRACE_AGGREGATOR_LEVELS:
             raise ValueError(
@@ -130,6 +134,7 @@ class RolloutAdapter:
         if max_train_trajectories is not None:
             _non_negative("max_train_trajectories", max_train_trajectories)
         self.max_train_trajectories = max_train_trajectories
+        self.require_routed_experts = require_routed_experts
 
     @property
     def is_trajectory(self) -> bool:
@@ -200,6 +205,7 @@ class RolloutAdapter:
             max_response_length=self.max_response_length,
             pad_token_id=self.pad_token_id,
             include_turn_index=not self.is_trajectory,
+            require_routed_experts=self.require_routed_experts,
         )
         if self.device.type != "cpu":
             batch = batch.to(self.device)

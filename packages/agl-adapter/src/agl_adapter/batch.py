@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from agl_adapter._routes import routed_experts_tensor
 from agl_adapter._rows import UNKNOWN_VERSION, TrainingRow
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ class AdapterBatch:
     ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs;
     ``response_weight_versions`` (N, R) long, the weight version that produced each response token
     (a row spans several when a push happened between its model calls), -1 in padding and where the
-    gateway recorded none.
+    gateway recorded none; ``routed_experts`` (N, P+R, layers, top_k) uint8 or None, the MoE experts
+    each prompt and response token was routed to by the inference engine (R3 routing replay), zeros in
+    padding and under a call's last generated token, present only when every row has routes.
     Arrays: ``data_id_list``, ``rollout_id_list`` (N,) object (str); ``turn_index_list`` (N,) int64
     at transition level, else None; ``weight_version_min``, ``weight_version_max`` (N,) int64, the
     oldest and newest version of the row's model tokens (-1: none known).
@@ -54,6 +57,7 @@ class AdapterBatch:
     token_level_scores: torch.Tensor
     rollout_log_probs: torch.Tensor | None
     response_weight_versions: torch.Tensor
+    routed_experts: torch.Tensor | None
     data_id_list: NDArray[np.object_]
     rollout_id_list: NDArray[np.object_]
     turn_index_list: NDArray[np.int64] | None
@@ -64,7 +68,7 @@ class AdapterBatch:
         return int(self.input_ids.shape[0])
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The batch's tensors by verl key; ``rollout_log_probs`` only when present."""
+        """The batch's tensors by verl key; ``rollout_log_probs`` and ``routed_experts`` only when present."""
         out: dict[str, torch.Tensor] = {}
         for field in fields(self):
             value = getattr(self, field.name)
@@ -106,8 +110,12 @@ def assemble_batch(
     max_response_length: int,
     pad_token_id: int,
     include_turn_index: bool,
+    require_routed_experts: bool = False,
 ) -> AdapterBatch:
     """Pad rows into the batch tensors; one numpy copy per row and array, no per-token Python work.
+
+    ``require_routed_experts`` makes a row without MoE routes an InvalidRoutesError instead of a
+    batch without ``routed_experts``.
 
     ``position_ids`` is computed in closed form, ``clip(col - first_valid_col, 0, n_valid - 1)``,
     which equals verl's ``clamp(cumsum(attention_mask) - 1, min=0)`` for a contiguous mask.
@@ -154,6 +162,9 @@ def assemble_batch(
         token_level_scores=torch.from_numpy(scores),
         rollout_log_probs=None if log_probs is None else torch.from_numpy(log_probs),
         response_weight_versions=torch.from_numpy(versions),
+        routed_experts=routed_experts_tensor(
+            rows, max_prompt_length=p, max_response_length=r, required=require_routed_experts
+        ),
         data_id_list=np.array([row.data_id for row in rows], dtype=object),
         rollout_id_list=np.array([row.rollout_id for row in rows], dtype=object),
         turn_index_list=np.array([row.turn_index for row in rows], dtype=np.int64)

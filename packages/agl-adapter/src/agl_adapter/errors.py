@@ -12,8 +12,14 @@ class InvalidTraceError(TypeError):
     """
 
 
+class InvalidRoutesError(ValueError):
+    """A model call's MoE routes (R3) cannot be placed under its tokens: not a base64 ``.npy`` of
+    expert ids that fit uint8, shorter than the call's tokens, of another model's shape, or missing
+    where routing replay needs them. The message names the rollout and the turn."""
+
+
 class EmptyBatchError(RuntimeError):
     """A training step produced zero rows; the message says why (no traces, all rows empty, all dropped)."""
 
 
-__all__ = ("EmptyBatchError", "InvalidTraceError")
+__all__ = ("EmptyBatchError", "InvalidRoutesError", "InvalidTraceError")

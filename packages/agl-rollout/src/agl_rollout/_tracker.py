@@ -198,9 +198,13 @@ class RolloutTracker:
     ) -> CompletedRollout:
         """Hook, events, CompletedRollout, delete: in that order, so hook-written events count."""
         rid = record.rollout_id
-        raw = self.client.get_events(rid) if self.hooks.wants_events(rollout.state) else []
+        wants_raw = self.hooks.wants_events(rollout.state)
+        raw = self.client.get_events(rid, include_routed_experts=False) if wants_raw else []
         self.hooks.on_finished(rollout, raw)
-        extraction = extract_triplets(self.client.get_events(rid, triplet=True))
+        events = self.client.get_events(
+            rid, triplet=True, include_routed_experts=self.config.include_routed_experts
+        )
+        extraction = extract_triplets(events)
         completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
         self._delete(rid)
         counts.add(completed, extraction.n_invalid_events)

@@ -140,14 +140,25 @@ class AglClient:
     # -- events -----------------------------------------------------------------------------
 
     def get_events(
-        self, rollout_id: str, *, triplet: bool = False, event_type: str | None = None
+        self,
+        rollout_id: str,
+        *,
+        triplet: bool = False,
+        event_type: str | None = None,
+        include_routed_experts: bool | None = None,
     ) -> list[Event]:
-        """Events of the visible attempt; ``triplet=True`` asks for the trimmed RL channel."""
+        """Events of the visible attempt; ``triplet=True`` asks for the trimmed RL channel.
+
+        ``include_routed_experts=None`` leaves the MoE routes to the server's default (included);
+        servers before agentlightning 1.0.2 have none and ignore the parameter.
+        """
         params: dict[str, str] = {}
         if triplet:
             params["format"] = "triplet"
         if event_type is not None:
             params["event_type"] = event_type
+        if include_routed_experts is not None:
+            params["include_routed_experts"] = str(include_routed_experts).lower()
         data = self._json("GET", f"/api/rollouts/{rollout_id}/events", params=params)
         return [Event.model_validate(e) for e in data]
 

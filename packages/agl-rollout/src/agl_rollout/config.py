@@ -18,6 +18,8 @@ class RolloutManagerConfig:
     past it the rollout is marked failed on the server, returned with ``timed_out=True`` and
     counted, so one stuck agent never blocks a step. It is also sent to the controller as the
     rollout's ``config.timeout_seconds``. ``progress=None`` shows a live line only on a TTY.
+    ``include_routed_experts`` fetches each model call's MoE routes (R3 replay) with its triplets;
+    off, the server leaves them out, since they run to megabytes per call.
     """
 
     train_rollout_n: int = 1
@@ -28,6 +30,7 @@ class RolloutManagerConfig:
     k8s_job_template_path: str | None = None
     terminal_page_limit: int = 1000
     progress: bool | None = None
+    include_routed_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.train_rollout_n < 1:

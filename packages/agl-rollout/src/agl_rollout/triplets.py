@@ -35,6 +35,7 @@ def _triplet(event: Event) -> Triplet | None:
             response_token_ids=data.response_token_ids,
             response_log_probs=data.response_log_probs,
             metadata={"server": data.server.model_dump()},
+            routed_experts=data.routed_experts,
         )
     except ValidationError as exc:
         logger.debug("skipping malformed model_request rollout_id=%s error=%s", event.rollout_id, exc)

@@ -95,6 +95,7 @@ class Collection:
                 local_agent_class=settings.local_agent_class,
                 local_env_map=settings.local_env_map,
                 k8s_job_template_path=settings.k8s_job_template_path,
+                include_routed_experts=settings.routing_replay_key is not None,
             ),
             train_batch_size=int(data.train_batch_size),
             gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),

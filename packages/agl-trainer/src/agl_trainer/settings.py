@@ -18,6 +18,11 @@ TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
 PROCESSED_LOGPROBS = "processed_logprobs"
 GPU_ROLLOUT_BACKENDS = ("vllm", "sglang", "trtllm")
 """verl's rollout backends, all of which need GPUs."""
+ROUTER_REPLAY_KEYS = (
+    "actor_rollout_ref.actor.megatron.router_replay.mode",
+    "actor_rollout_ref.actor.veomni.router_replay.mode",
+)
+"""Where verl's engines with MoE router replay read its mode; ``R3`` replays the inference engine's routes."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +55,8 @@ class AglSettings:
     weights_dir: str | None
     trajectories_dir: str | None
     max_train_trajectories: int | None
+    routing_replay_key: str | None
+    """The verl key that set router replay to R3, when one did: rows must then carry MoE routes."""
 
     @property
     def uses_verl_replicas(self) -> bool:
@@ -80,6 +87,7 @@ class AglSettings:
             drop_failed_rollouts=self.drop_failed_rollouts,
             artifact_sink=ZippedJsonlArtifacts(self.trajectories_dir) if self.trajectories_dir else None,
             max_train_trajectories=self.max_train_trajectories,
+            require_routed_experts=self.routing_replay_key is not None,
         )
 
     @property
@@ -131,7 +139,15 @@ class AglSettings:
             weights_dir=external.get("weights_dir"),
             trajectories_dir=_optional_str(trajectories.get("dir")),
             max_train_trajectories=_records_limit(trajectories.get("max_train_records", 24)),
+            routing_replay_key=_r3_key(config),
         )
+
+
+def _r3_key(config: DictConfig) -> str | None:
+    for key in ROUTER_REPLAY_KEYS:
+        if str(OmegaConf.select(config, key, default="disabled")) == "R3":
+            return key
+    return None
 
 
 def _optional_int(value: Any) -> int | None:
@@ -202,6 +218,7 @@ def validate_config(config: DictConfig) -> AglSettings:
         _check_logprobs_mode(config)
         _check_replica_model_name(config)
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
+    _check_router_replay(config, settings)
     _check_algorithm_stages(config, settings)
     return settings
 
@@ -241,6 +258,20 @@ def _check_fully_async(settings: AglSettings) -> None:
         raise ValueError(
             f"agentlightning.fully_async.stale_strategy is {settings.stale_strategy!r}; "
             f"supported: {list(STALE_STRATEGIES)}"
+        )
+
+
+def _check_router_replay(config: DictConfig, settings: AglSettings) -> None:
+    key = settings.routing_replay_key
+    if key is None:
+        return
+    strategy = str(config.actor_rollout_ref.actor.strategy)
+    engine = key.split(".")[2]
+    if strategy != engine:
+        raise ValueError(
+            f"{key}=R3 replays the inference engine's MoE routes in verl's {engine} engine, but "
+            f"actor_rollout_ref.actor.strategy={strategy} would train without them; set the strategy to "
+            f"{engine} or {key}=disabled"
         )
 
 
@@ -322,6 +353,7 @@ def _check_loss_mode_registered(loss_mode: str) -> None:
 __all__ = (
     "GPU_ROLLOUT_BACKENDS",
     "PROCESSED_LOGPROBS",
+    "ROUTER_REPLAY_KEYS",
     "TRACE_AGGREGATOR_LEVELS",
     "AglSettings",
     "gateway_model_name",

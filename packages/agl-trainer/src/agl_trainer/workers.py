@@ -43,6 +43,7 @@ __all__ = (
     "build_policy_workers",
     "compose_verl_config",
     "critic_worker_config",
+    "no_padding_batch",
     "ray_runtime_env",
     "setup_worker_process",
 )
@@ -126,6 +127,18 @@ def critic_worker_config(config: DictConfig) -> tuple[TrainingWorkerConfig, Any]
     return worker_config, critic
 
 
+def no_padding_batch(batch: DataProto, temperature: float) -> TensorDict:
+    """``batch`` as verl's no-padding TensorDict (every per-token tensor, MoE routes included, cut to
+    the attended tokens), with the sampling temperature verl's engine reads.
+
+    ``batch.meta_info["temperature"]`` wins over ``temperature`` (the servers'
+    ``actor_rollout_ref.rollout.temperature``); ``batch`` itself is left unchanged.
+    """
+    meta_info = {"temperature": temperature, **batch.meta_info}
+    shallow = DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info=meta_info)
+    return left_right_2_no_padding(shallow.to_tensordict())
+
+
 @dataclass(frozen=True)
 class PolicyWorkers:
     """The actor worker group and, when the config needs them, the reference and critic groups.
@@ -149,14 +162,7 @@ class PolicyWorkers:
             remove_placement_group(group)
 
     def _no_padding(self, batch: DataProto) -> TensorDict:
-        """``batch`` as verl's no-padding TensorDict, with the sampling temperature verl's engine reads.
-
-        The temperature defaults to ``actor_rollout_ref.rollout.temperature`` (the one the servers
-        sampled with); ``batch`` itself is left unchanged.
-        """
-        meta_info = {"temperature": self.config.actor_rollout_ref.rollout.temperature, **batch.meta_info}
-        shallow = DataProto(batch=batch.batch, non_tensor_batch=batch.non_tensor_batch, meta_info=meta_info)
-        return left_right_2_no_padding(shallow.to_tensordict())
+        return no_padding_batch(batch, self.config.actor_rollout_ref.rollout.temperature)
 
     def compute_log_prob(self, batch: DataProto) -> DataProto:
         """Actor log-probs of ``batch``'s responses: ``old_log_probs`` and ``entropys``, (B, R)."""

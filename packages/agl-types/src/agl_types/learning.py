@@ -44,6 +44,8 @@ class Triplet(BaseModel):
     ``reward`` is set on the last triplet of a rollout (its final reward) and is ``None``
     elsewhere or when the rollout earned none; filling it in is the adapter's job.
     ``metadata`` carries e.g. ``{"server": {"model": ..., "version": ...}}``.
+    ``routed_experts`` is the call's MoE routing for R3 replay, as the gateway sends it (a base64
+    ``.npy`` of shape (tokens, layers, top_k)); the adapter decodes it only when it builds a row.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -53,6 +55,7 @@ class Triplet(BaseModel):
     response_log_probs: list[LogProb] | None = None
     reward: Reward = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    routed_experts: str | None = None
 
     @field_validator("response_log_probs")
     @classmethod

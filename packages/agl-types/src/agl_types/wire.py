@@ -224,6 +224,10 @@ class TripletModelRequestData(BaseModel):
     response_token_ids: list[int] = Field(default_factory=list)
     response_log_probs: list[LogProb] | None = None
     server: ServerRef = Field(default_factory=ServerRef)
+    routed_experts: str | None = None
+    """MoE routing of the call (R3): a base64 ``.npy`` of shape (tokens, layers, top_k), present when the
+    gateway runs with ``include_routed_experts`` and the server kept it (it drops a call's routes once a
+    later call of the same context carries them)."""
     http_status: int | None = None
     status: str | None = None
     error: Any = None
