@@ -18,6 +18,7 @@ from agl_rollout import (
     AsyncRolloutManager,
     RolloutHooks,
     RolloutManagerConfig,
+    SyncRolloutManager,
     TraceWriter,
     model_registrations,
     pause_and_drain,
@@ -26,6 +27,7 @@ from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.fault_proxy import FaultProxy
+from agl_testing.waiting import wait_until
 from agl_types import Event, Rollout, RolloutCreate, RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
@@ -170,3 +172,41 @@ def test_the_drain_polls_the_gateway_at_the_configured_interval_until_the_call_i
     # of them, one more if the answer lands just after a poll (a loaded machine only makes fewer);
     # the default interval (0.25 s) would make 8.
     assert 1 <= len(polls) <= round(hold_s / interval_s) + 1
+
+
+def test_a_sweep_whose_listing_shows_one_of_ours_running_gets_no_single_rollout(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    """While one rollout runs and one still queues, every sweep lists RUNNING rollouts for the
+    queued one's start time; that listing already shows the server holds ours, so no sweep also
+    GETs a pending rollout to check."""
+    config = RolloutManagerConfig(poll_interval_seconds=0.02, rollout_timeout_seconds=3)
+    may_finish = threading.Event()
+
+    def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
+        if rollout["input"]["x"] == 0:
+            return AgentBehaviour(wait_for=may_finish)
+        return AgentBehaviour(outcome="never_start")
+
+    with (
+        FaultProxy(fresh_agl_server.port) as proxy,
+        AglClient(proxy.url, TEST_KEY) as client,
+        AglClient(fresh_agl_server.url, TEST_KEY) as observer,
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+    ):
+        waiting = threading.Thread(
+            target=SyncRolloutManager(client, config).enqueue_and_wait_until_completed,
+            args=([{"x": 0}, {"x": 1}],),
+            kwargs={"is_train": True},
+        )
+        waiting.start()
+        wait_until(lambda: bool(observer.list_rollouts([RolloutState.RUNNING])), "x=0 running", timeout_s=30)
+        time.sleep(0.1)  # the next sweep's listing stamps the running one
+        start = len(proxy.requests)
+        time.sleep(0.5)
+        window = proxy.requests[start:]
+        may_finish.set()
+        waiting.join(timeout=30)
+    paths = Counter(path.split("?")[0] for _, path in window)
+    assert min(paths["/api/rollouts/terminal"], paths["/api/rollouts"]) >= 3  # sweeps, each with a listing
+    assert set(paths) == {"/api/rollouts/terminal", "/api/rollouts"}  # and no GET of one rollout

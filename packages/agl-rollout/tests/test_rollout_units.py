@@ -28,6 +28,7 @@ from agl_rollout import (
     record_lifecycle,
     to_native,
 )
+from agl_rollout.pacing import SweepPacer
 from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, RolloutState
 
 pytestmark = pytest.mark.timeout(60)
@@ -132,6 +133,8 @@ def test_batch_top_up_refuses_a_non_positive_size() -> None:
         ("rollout_timeout_seconds", 0.0),
         ("rollout_timeout_seconds", float("inf")),
         ("poll_interval_seconds", -1.0),
+        ("max_poll_interval_seconds", 0.5),
+        ("max_poll_interval_seconds", float("inf")),
         ("terminal_page_limit", 0),
         ("k8s_job_template_path", "/nonexistent/job.yaml"),
     ],
@@ -139,6 +142,34 @@ def test_batch_top_up_refuses_a_non_positive_size() -> None:
 def test_invalid_manager_config_raises_value_error_naming_the_key(key: str, value: Any) -> None:
     with pytest.raises(ValueError, match=key):
         RolloutManagerConfig(**{key: value})
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "n_done", "n_pending", "pause"),
+    [
+        (0.0, 0, 256, 1.0),  # the first pauses are the poll interval
+        (9.0, 0, 256, 3.0),  # then a third of the time waited, while nothing says how long is left
+        (30.0, 0, 256, 4.0),  # at most 4x the poll interval by default
+        (30.0, 200, 56, 2.8),  # a third of the time left: 56 rollouts at 200 per 30 s
+        (50.0, 250, 6, 1.0),  # near the end, the poll interval again
+    ],
+)
+def test_a_sync_waits_pause_stretches_while_the_wave_is_young_and_far_from_done(
+    elapsed: float, n_done: int, n_pending: int, pause: float
+) -> None:
+    clock = _Clock(100.0)
+    config = RolloutManagerConfig(poll_interval_seconds=1.0)
+    pacer = SweepPacer(config.poll_interval_seconds, config.poll_interval_cap, clock=clock)
+    clock.now += elapsed
+    assert pacer.pause(n_done, n_pending) == pytest.approx(pause)
+
+
+def test_a_cap_equal_to_the_poll_interval_sweeps_at_a_fixed_interval() -> None:
+    clock = _Clock(100.0)
+    config = RolloutManagerConfig(poll_interval_seconds=0.5, max_poll_interval_seconds=0.5)
+    pacer = SweepPacer(config.poll_interval_seconds, config.poll_interval_cap, clock=clock)
+    clock.now += 60.0
+    assert [pacer.pause(0, 10), pacer.pause(5, 5)] == [0.5, 0.5]
 
 
 def test_rollout_config_carries_timeout_agent_class_and_template_text(tmp_path: Path) -> None:

@@ -64,6 +64,11 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
             "agentlightning.trajectories.max_train_records must be null or an int >= 0, got 'all'",
         ),
         (
+            ["agentlightning.max_poll_interval_seconds=0.5"],
+            "agentlightning.max_poll_interval_seconds must be null or >= agentlightning.poll_interval_seconds "
+            "(1.0), got 0.5",
+        ),
+        (
             ["+actor_rollout_ref.actor.megatron.router_replay.mode=R3"],
             "actor_rollout_ref.actor.megatron.router_replay.mode=R3 replays the inference engine's MoE routes in "
             "verl's megatron engine, but actor_rollout_ref.actor.strategy=fsdp would train without them",

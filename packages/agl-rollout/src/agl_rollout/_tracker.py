@@ -4,8 +4,8 @@ One sweep costs a constant number of round trips whatever the number of pending 
 the terminal-rollouts cursor (usually one page) says which rollouts turned terminal since
 the last sweep; one listing of RUNNING and just-terminal rollouts stamps start times (until
 every pending rollout has one) and brings the finished ones' statuses; on a sweep that found
-none of ours finished, one GET of a rotating pending rollout notices a server that lost
-its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
+none of ours finished nor listed one of ours running, one GET of a rotating pending rollout
+notices a server that lost its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
 :mod:`agl_rollout.recovery`). Each finished rollout then costs a constant two calls (its triplet
 events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
@@ -104,10 +104,11 @@ class RolloutTracker:
         terminal_ids = self._read_terminal_log(pending)
         if self.loss_suspected:
             return []
-        statuses = self._list_statuses(pending, terminal_ids)
+        statuses, saw_pending = self._list_statuses(pending, terminal_ids)
         done = [self._finish_terminal(pending.pop(rid), statuses.get(rid), counts) for rid in terminal_ids]
-        if not terminal_ids:
-            # None of ours in the log, so nothing says the server still holds them: check one.
+        if not terminal_ids and not saw_pending:
+            # Neither the log nor the listing showed one of ours, so nothing says the server still
+            # holds them: check one.
             self._check_one_exists(pending)
         deadline = time.time() - self.config.rollout_timeout_seconds
         for rid in [rid for rid, record in pending.items() if record.enqueue_time < deadline]:
@@ -138,9 +139,10 @@ class RolloutTracker:
 
     def _list_statuses(
         self, pending: dict[str, EnqueuedRollout], terminal_ids: list[str]
-    ) -> dict[str, Rollout]:
+    ) -> tuple[dict[str, Rollout], bool]:
         """One listing for two jobs: stamp ``running_at`` on the pending rollouts seen RUNNING
-        (skipped once all have it), and return the server's copies of the just-finished ones.
+        (skipped once all have it), and return the server's copies of the just-finished ones, and
+        whether it showed a still-pending one (the server holds our rollouts).
 
         Finished rollouts are deleted as soon as they are processed, so the terminal part holds
         little more than this sweep's; any the listing misses (truncated) are fetched one by one,
@@ -152,8 +154,9 @@ class RolloutTracker:
         if len(finished) >= (1 if need_running else 2):
             states += [RolloutState.SUCCEEDED, RolloutState.FAILED]
         if not states:
-            return {}
+            return {}, False
         statuses: dict[str, Rollout] = {}
+        saw_pending = False
         for rollout in self.client.list_rollouts(
             states, limit=max(1000, 2 * len(pending) + 4 * len(finished))
         ):
@@ -161,7 +164,8 @@ class RolloutTracker:
                 statuses[rollout.rollout_id] = rollout
             elif (record := pending.get(rollout.rollout_id)) is not None:
                 record_lifecycle(record, rollout)
-        return statuses
+                saw_pending = True
+        return statuses, saw_pending
 
     def _check_one_exists(self, pending: dict[str, EnqueuedRollout]) -> None:
         """GET one pending rollout, a different one each sweep, to notice a server that lost it."""

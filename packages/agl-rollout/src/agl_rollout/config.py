@@ -18,6 +18,9 @@ class RolloutManagerConfig:
     past it the rollout is marked failed on the server, returned with ``timed_out=True`` and
     counted, so one stuck agent never blocks a step. It is also sent to the controller as the
     rollout's ``config.timeout_seconds``. ``progress=None`` shows a live line only on a TTY.
+    ``max_poll_interval_seconds`` (None: 4x ``poll_interval_seconds``) caps how far a sync wait
+    stretches its pause between sweeps while the wave is young and far from done (see
+    :mod:`agl_rollout.pacing`); equal to ``poll_interval_seconds``, it sweeps at a fixed interval.
     ``include_routed_experts`` fetches each model call's MoE routes (R3 replay) with its triplets;
     off, the server leaves them out, since they run to megabytes per call.
     """
@@ -25,6 +28,7 @@ class RolloutManagerConfig:
     train_rollout_n: int = 1
     rollout_timeout_seconds: float = 1200.0
     poll_interval_seconds: float = 1.0
+    max_poll_interval_seconds: float | None = None
     local_agent_class: str | None = None
     local_env_map: Mapping[str, str] = field(default_factory=dict[str, str])
     k8s_job_template_path: str | None = None
@@ -45,6 +49,12 @@ class RolloutManagerConfig:
             raise ValueError(
                 f"poll_interval_seconds must be a finite number > 0, got {self.poll_interval_seconds}"
             )
+        cap = self.max_poll_interval_seconds
+        if cap is not None and not (math.isfinite(cap) and cap >= self.poll_interval_seconds):
+            raise ValueError(
+                f"max_poll_interval_seconds must be None or a finite number >= poll_interval_seconds "
+                f"({self.poll_interval_seconds}), got {cap}"
+            )
         if self.terminal_page_limit < 1:
             raise ValueError(f"terminal_page_limit must be >= 1, got {self.terminal_page_limit}")
         path = self.k8s_job_template_path
@@ -52,6 +62,13 @@ class RolloutManagerConfig:
             raise ValueError(
                 f"k8s_job_template_path is {path!r}, which is not a file; give the path of the Job template"
             )
+
+    @property
+    def poll_interval_cap(self) -> float:
+        """The longest pause between a sync wait's sweeps."""
+        if self.max_poll_interval_seconds is None:
+            return 4 * self.poll_interval_seconds
+        return self.max_poll_interval_seconds
 
     def rollout_config(self) -> RolloutConfig:
         """The controller-facing ``config`` of every rollout this manager creates."""

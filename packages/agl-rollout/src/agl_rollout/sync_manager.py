@@ -12,6 +12,7 @@ from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
+from agl_rollout.pacing import SweepPacer
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import build_requests, enqueue
 from agl_rollout.recovery import RecoveryBudget, recover_lost
@@ -31,7 +32,9 @@ class SyncRolloutManager:
 
     Every finished rollout is hooked, turned into a CompletedRollout and deleted from the
     server as soon as it is seen, so server state stays bounded by what is in flight. A
-    rollout that never ends is failed by the trainer after ``rollout_timeout_seconds``.
+    rollout that never ends is failed by the trainer after ``rollout_timeout_seconds``. Sweeps
+    come every ``poll_interval_seconds``, further apart while the wave is young and far from done
+    (:class:`~agl_rollout.pacing.SweepPacer`).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class SyncRolloutManager:
         label = "train rollouts" if is_train else "val rollouts"
         progress = WaitProgress(label, len(pending), enabled=self.config.progress)
         recoveries = RecoveryBudget(self.client.base_url)
+        pacer = SweepPacer(self.config.poll_interval_seconds, self.config.poll_interval_cap)
         while pending:
             completed.extend(tracker.sweep(pending, counts))
             if tracker.loss_suspected:
@@ -101,7 +105,7 @@ class SyncRolloutManager:
                 counts.n_recreated += len(replaced)
             progress.update(counts.n_done, counts, pending)
             if pending:
-                time.sleep(self.config.poll_interval_seconds)
+                time.sleep(pacer.pause(counts.n_done, len(pending)))
         progress.close(counts.n_done, counts)
         return completed, counts
 

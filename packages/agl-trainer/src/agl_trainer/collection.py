@@ -92,6 +92,7 @@ class Collection:
                 train_rollout_n=int(config.actor_rollout_ref.rollout.n),
                 rollout_timeout_seconds=settings.rollout_timeout_seconds,
                 poll_interval_seconds=settings.poll_interval_seconds,
+                max_poll_interval_seconds=settings.max_poll_interval_seconds,
                 local_agent_class=settings.local_agent_class,
                 local_env_map=settings.local_env_map,
                 k8s_job_template_path=settings.k8s_job_template_path,

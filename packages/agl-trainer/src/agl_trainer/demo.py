@@ -78,6 +78,8 @@ _TASK_OVERRIDES: tuple[str, ...] = (
     "trainer.logger=[console,file]",
     "trainer.balance_batch=false",
     "agentlightning.poll_interval_seconds=0.1",
+    # The embedded agl-server serves this run alone: sweep at a fixed interval for the shortest step.
+    "agentlightning.max_poll_interval_seconds=0.1",
     # Used only with --async: twice the batch, so the next step's groups are already running.
     "agentlightning.async_rollout.async_train_batch_size=8",
     "agentlightning.rollout_timeout_seconds=300",

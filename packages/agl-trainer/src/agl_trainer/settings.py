@@ -34,6 +34,7 @@ class AglSettings:
     hooks: str | None
     rollout_timeout_seconds: float
     poll_interval_seconds: float
+    max_poll_interval_seconds: float | None
     local_agent_class: str | None
     local_env_map: dict[str, str]
     k8s_job_template_path: str | None
@@ -118,6 +119,7 @@ class AglSettings:
             hooks=agl.hooks,
             rollout_timeout_seconds=float(agl.rollout_timeout_seconds),
             poll_interval_seconds=float(agl.get("poll_interval_seconds", 1.0)),
+            max_poll_interval_seconds=_optional_float(agl.get("max_poll_interval_seconds")),
             local_agent_class=agl.local.agent_class,
             local_env_map={str(k): str(v) for k, v in env_map.items()},
             k8s_job_template_path=agl.k8s.job_template_path,
@@ -148,6 +150,10 @@ def _r3_key(config: DictConfig) -> str | None:
         if str(OmegaConf.select(config, key, default="disabled")) == "R3":
             return key
     return None
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _optional_int(value: Any) -> int | None:
@@ -208,6 +214,12 @@ def validate_config(config: DictConfig) -> AglSettings:
     if settings.rollout_timeout_seconds <= 0:
         raise ValueError(
             f"agentlightning.rollout_timeout_seconds must be > 0, got {settings.rollout_timeout_seconds}"
+        )
+    cap = settings.max_poll_interval_seconds
+    if cap is not None and not cap >= settings.poll_interval_seconds:
+        raise ValueError(
+            f"agentlightning.max_poll_interval_seconds must be null or >= agentlightning.poll_interval_seconds "
+            f"({settings.poll_interval_seconds}), got {cap}"
         )
     for key in ("drain_timeout_seconds", "drain_poll_interval_seconds"):
         if not getattr(settings, key) > 0:
