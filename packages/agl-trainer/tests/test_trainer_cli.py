@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -166,3 +169,16 @@ def test_an_unknown_runner_fails_listing_the_runners(capsys: pytest.CaptureFixtu
 def test_a_runner_with_a_production_setup_is_refused() -> None:
     with pytest.raises(SystemExit, match="drop runner="):
         main(["runner=controller", "agentlightning.agl_base_url=http://gateway:8080"])
+
+
+@pytest.mark.parametrize(("setting", "uv_run_workers"), [(None, False), ("1", True)])
+def test_ray_started_under_uv_run_keeps_its_workers_in_this_venv_unless_asked(
+    setting: str | None, uv_run_workers: bool
+) -> None:
+    """``uv run agl-trainer`` must not make Ray build a venv per session for its workers."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_UV_RUN_RUNTIME_ENV"}
+    if setting is not None:
+        env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = setting
+    probe = "import agl_trainer.cli, ray._private.ray_constants as c; print(c.RAY_ENABLE_UV_RUN_RUNTIME_ENV)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip() == str(uv_run_workers)

@@ -5,7 +5,15 @@ agents (:mod:`agl_trainer.local.toy_agents`) from the package folder, in an envi
 neither verl nor agl-trainer's distribution metadata.
 """
 
+import os
 from typing import TYPE_CHECKING
+
+# Started by `uv run agl-trainer`, Ray (>= 2.47) would run every worker with `uv run` in a copy
+# of the working directory: a fresh venv per session, resolved from PyPI (the CUDA build of torch,
+# gigabytes) unless pip's find-links happen to be set. The workers must run in this venv instead.
+# Ray reads the switch once, when it is imported, so it is set before anything here imports Ray;
+# RAY_ENABLE_UV_RUN_RUNTIME_ENV=1 in the environment keeps Ray's behaviour.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 if TYPE_CHECKING:
     from agl_trainer.entrypoint import build_trainer, compose_config, run_ppo
