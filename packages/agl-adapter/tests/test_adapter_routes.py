@@ -90,6 +90,15 @@ def test_a_merged_row_takes_the_routes_of_its_last_call() -> None:
     assert torch.equal(routes, _rows([None, 1, 2, 3, 7, 8, None, None]))
 
 
+def test_a_merged_row_without_its_last_calls_routes_is_named_by_that_call() -> None:
+    first = _routed([1, 2], [3])
+    second = _t([1, 2, 3, 7], [8, 9])
+    with pytest.raises(InvalidRoutesError, match=r"first: rollout 'r1' turn 1\)"):
+        _adapter("trajectory", p=3, r=5, require_routed_experts=True).build_batch(
+            [succeeded_rollout([first, second])]
+        )
+
+
 def test_a_transition_row_without_routes_borrows_those_of_the_call_that_continues_it() -> None:
     first = _t([1, 2], [3])
     second = _routed([1, 2, 3, 7], [8, 9])
@@ -141,7 +150,7 @@ def test_routes_on_only_some_rows_are_omitted_with_a_warning_unless_required(
     assert "1 of 2 rows lack routed_experts" in caplog.text
 
 
-def test_required_routes_missing_on_a_row_raise_naming_itssucceeded_rollout() -> None:
+def test_required_routes_missing_on_a_row_raise_naming_its_rollout() -> None:
     rollouts = [
         succeeded_rollout([_routed([1], [2])]),
         succeeded_rollout([_t([5], [6])], rollout_id="r2", sample=1),
@@ -165,6 +174,7 @@ def test_routes_shorter_than_the_calls_tokens_raise_naming_the_call() -> None:
         (base64.b64encode(b"plain bytes").decode(), "is not a base64 .npy array"),
         (npy_payload(np.zeros((3, 2, 2), dtype=np.float32)), "must be an integer array"),
         (npy_payload(np.zeros(3, dtype=np.int32)), "must be an integer array of shape"),
+        (npy_payload(np.zeros((3, 2), dtype=np.int32)), "must be an integer array of shape"),
         (npy_payload(np.full((3, 2, 2), 300, dtype=np.int32)), r"expert ids span 300..300, but .* uint8"),
         (npy_payload(np.full((3, 2, 2), -1, dtype=np.int32)), r"expert ids span -1..-1"),
     ],

@@ -58,7 +58,7 @@ def decode_routes(routes: RowRoutes) -> RouteArray:
         raise InvalidRoutesError(
             f"{routes.where()}: routed_experts is not a base64 .npy array ({exc})"
         ) from exc
-    if array.ndim < 2 or not np.issubdtype(array.dtype, np.integer):
+    if array.ndim != 3 or not np.issubdtype(array.dtype, np.integer):
         raise InvalidRoutesError(
             f"{routes.where()}: routed_experts must be an integer array of shape (tokens, layers, top_k), "
             f"got {array.dtype} of shape {array.shape}"
@@ -99,7 +99,7 @@ def routed_experts_tensor(
         first = missing[0]
         raise InvalidRoutesError(
             f"R3 routing replay needs routed_experts on every training row, but {len(missing)} of {len(rows)} "
-            f"rows have none (first: rollout {first.rollout_id!r} turn {first.turn_index}); start the gateway "
+            f"rows have none (first: rollout {first.rollout_id!r} turn {first.routes_turn}); start the gateway "
             "with include_routed_experts and fetch the routes with the triplets "
             "(RolloutManagerConfig.include_routed_experts)"
         )
@@ -113,7 +113,13 @@ def routed_experts_tensor(
         )
         return None
     present = [row.routes for row in rows if row.routes is not None]
-    arrays = [decode_routes(routes) for routes in present]
+    decoded: dict[str, RouteArray] = {}  # rows that borrowed one call's routes share its payload
+    arrays: list[RouteArray] = []
+    for routes in present:
+        array = decoded.get(routes.payload)
+        if array is None:
+            array = decoded[routes.payload] = decode_routes(routes)
+        arrays.append(array)
     shape = arrays[0].shape[1:]
     for routes, array in zip(present, arrays, strict=True):
         if array.shape[1:] != shape:

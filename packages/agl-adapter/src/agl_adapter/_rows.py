@@ -56,7 +56,8 @@ class TrainingRow:
     ``prompt``: (prompt_len ≤ P,). ``response``, ``response_mask`` (1 = model token, 0 = observation),
     ``log_probs`` (0.0 on observations), ``versions`` (the weight version that produced each token; an
     observation carries the version of the call whose prompt it ends): (response_len ≤ R,).
-    ``turn_index`` is the row's first turn; ``routes`` says where its MoE routes come from (R3).
+    ``turn_index`` is the row's first turn; ``routes`` says where its MoE routes come from (R3), and
+    ``routes_turn`` which call they come (or would come) from.
     """
 
     rollout_id: str
@@ -71,6 +72,7 @@ class TrainingRow:
     is_drop: bool
     response_truncated: bool
     routes: RowRoutes | None
+    routes_turn: int
 
     @property
     def n_trained_tokens(self) -> int:
@@ -272,4 +274,5 @@ def finish_row(
         is_drop=is_drop,
         response_truncated=truncated,
         routes=routes,
+        routes_turn=group.routes_turn,
     )

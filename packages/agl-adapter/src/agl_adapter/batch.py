@@ -41,7 +41,8 @@ class AdapterBatch:
     (a row spans several when a push happened between its model calls), -1 in padding and where the
     gateway recorded none; ``routed_experts`` (N, P+R, layers, top_k) uint8 or None, the MoE experts
     each prompt and response token was routed to by the inference engine (R3 routing replay), zeros in
-    padding and under a call's last generated token, present only when every row has routes.
+    padding and under the last generated token of the call the routes come from (never routed),
+    present only when every row has routes.
     Arrays: ``data_id_list``, ``rollout_id_list`` (N,) object (str); ``turn_index_list`` (N,) int64
     at transition level, else None; ``weight_version_min``, ``weight_version_max`` (N,) int64, the
     oldest and newest version of the row's model tokens (-1: none known).

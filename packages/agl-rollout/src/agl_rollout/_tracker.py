@@ -4,8 +4,8 @@ One sweep costs a constant number of round trips whatever the number of pending 
 the terminal-rollouts cursor (usually one page) says which rollouts turned terminal since
 the last sweep; one listing of RUNNING and just-terminal rollouts stamps start times (until
 every pending rollout has one) and brings the finished ones' statuses; on a sweep that found
-none of ours finished nor listed one of ours running, one GET of a rotating pending rollout
-notices a server that lost its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
+none of ours finished nor listed one of ours running (and at least every 30 s), one GET of a
+rotating pending rollout notices a server that lost its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
 :mod:`agl_rollout.recovery`). Each finished rollout then costs a constant two calls (its triplet
 events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
@@ -28,6 +28,10 @@ from agl_types import CompletedRollout, EnqueuedRollout, Rollout, RolloutState, 
 logger = logging.getLogger("agl_rollout.wait")
 
 _NO_EVENTS = TripletExtraction(triplets=[], final_reward=None, n_invalid_events=0)
+
+EXISTENCE_CHECK_SECONDS = 30.0
+"""A listing that shows one of ours running stands in for the existence check for this long at most,
+so a rollout deleted by someone else while queued is still noticed mid-wave."""
 
 
 @dataclass
@@ -88,6 +92,7 @@ class RolloutTracker:
         self.cursor: int | None = None
         self.loss_suspected = False
         self._sweeps = 0
+        self._last_existence_check = time.monotonic()
 
     def sync_cursor(self) -> None:
         if self.cursor is None:
@@ -106,9 +111,10 @@ class RolloutTracker:
             return []
         statuses, saw_pending = self._list_statuses(pending, terminal_ids)
         done = [self._finish_terminal(pending.pop(rid), statuses.get(rid), counts) for rid in terminal_ids]
-        if not terminal_ids and not saw_pending:
-            # Neither the log nor the listing showed one of ours, so nothing says the server still
-            # holds them: check one.
+        overdue = time.monotonic() - self._last_existence_check > EXISTENCE_CHECK_SECONDS
+        if not terminal_ids and (overdue or not saw_pending):
+            # Neither the log nor the listing showed one of ours (or not for a while), so nothing
+            # says the server still holds them all: check one.
             self._check_one_exists(pending)
         deadline = time.time() - self.config.rollout_timeout_seconds
         for rid in [rid for rid, record in pending.items() if record.enqueue_time < deadline]:
@@ -171,6 +177,7 @@ class RolloutTracker:
         """GET one pending rollout, a different one each sweep, to notice a server that lost it."""
         if not pending:
             return
+        self._last_existence_check = time.monotonic()
         rid = next(itertools.islice(pending, self._sweeps % len(pending), None))
         try:
             record_lifecycle(pending[rid], self.client.get_rollout(rid).rollout)
