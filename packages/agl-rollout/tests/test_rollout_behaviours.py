@@ -174,6 +174,15 @@ def test_the_drain_polls_the_gateway_at_the_configured_interval_until_the_call_i
     assert 1 <= len(polls) <= round(hold_s / interval_s) + 1
 
 
+def _listings_after(proxy: FaultProxy, index: int) -> list[int]:
+    """Indexes of the rollout listings the proxy relayed from ``index`` on."""
+    return [
+        i
+        for i, (_, path) in enumerate(proxy.requests[index:], start=index)
+        if path.startswith("/api/rollouts?")
+    ]
+
+
 def test_a_sweep_whose_listing_shows_one_of_ours_running_gets_no_single_rollout(
     fresh_agl_server: AglServerProcess,
 ) -> None:
@@ -201,9 +210,13 @@ def test_a_sweep_whose_listing_shows_one_of_ours_running_gets_no_single_rollout(
         )
         waiting.start()
         wait_until(lambda: bool(observer.list_rollouts([RolloutState.RUNNING])), "x=0 running", timeout_s=30)
-        time.sleep(0.1)  # the next sweep's listing stamps the running one
-        start = len(proxy.requests)
-        time.sleep(0.5)
+        running_seen = len(proxy.requests)
+        # From the first listing sent after that, every listing shows x=0 running.
+        wait_until(
+            lambda: _listings_after(proxy, running_seen) != [], "a listing after x=0 ran", timeout_s=30
+        )
+        start = _listings_after(proxy, running_seen)[0] + 1
+        wait_until(lambda: len(_listings_after(proxy, start)) >= 3, "three more sweeps", timeout_s=30)
         window = proxy.requests[start:]
         may_finish.set()
         waiting.join(timeout=30)
