@@ -213,6 +213,7 @@ def test_a_controller_killed_mid_wait_and_restarted_leaves_every_rollout_account
         killer = threading.Thread(target=_kill_when_running(client, first, n_running=2))
         killer.start()
         second: list[AglController] = []
+        wait_returned = threading.Event()
 
         def restart_after_kill() -> None:
             killer.join()
@@ -225,12 +226,16 @@ def test_a_controller_killed_mid_wait_and_restarted_leaves_every_rollout_account
                     python_path=[SCRIPTED_AGENTS],
                 )
             )
+            # A child started here gets SIGTERM when this thread ends (PR_SET_PDEATHSIG): keep it
+            # alive until the wait is over, or the new controller shuts down under the agents.
+            wait_returned.wait(timeout=170)
 
         restarter = threading.Thread(target=restart_after_kill)
         restarter.start()
         try:
             result = SyncRolloutManager(client, config).enqueue_and_wait_until_completed(rows, is_train=True)
         finally:
+            wait_returned.set()
             restarter.join()
             first.stop()
             for controller in second:
