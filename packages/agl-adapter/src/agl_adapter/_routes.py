@@ -35,43 +35,41 @@ _MAX_EXPERT_ID = int(np.iinfo(np.uint8).max)
 
 @dataclass(frozen=True, slots=True)
 class RowRoutes:
-    """Where a row's routes come from: the payload of model call ``turn`` of ``rollout_id``, and the
+    """A row's routes: the payload of the call they come from (the row's ``routes_turn``), and the
     lengths that place it (the untruncated prompt, then the kept prompt and response)."""
 
     payload: str
-    rollout_id: str
-    turn: int
     original_prompt_length: int
     prompt_length: int
     response_length: int
 
-    def where(self) -> str:
-        return f"rollout {self.rollout_id!r} turn {self.turn}"
+
+def _call(row: TrainingRow) -> str:
+    """The model call a row's routes come from, for error messages."""
+    return f"rollout {row.rollout_id!r} turn {row.routes_turn}"
 
 
-def decode_routes(routes: RowRoutes) -> RouteArray:
-    """The payload as a (tokens, ...) uint8 array; raises InvalidRoutesError naming the call when it
-    is not a base64 ``.npy`` of integer expert ids in 0..255."""
+def decode_routes(routes: RowRoutes, call: str) -> RouteArray:
+    """The payload as a (tokens, layers, top_k) uint8 array; raises InvalidRoutesError naming ``call``
+    when it is not a base64 ``.npy`` of integer expert ids in 0..255 covering the row."""
     try:
         array = np.load(io.BytesIO(base64.b64decode(routes.payload, validate=True)), allow_pickle=False)
     except (binascii.Error, ValueError, OSError, EOFError) as exc:
-        raise InvalidRoutesError(
-            f"{routes.where()}: routed_experts is not a base64 .npy array ({exc})"
-        ) from exc
+        raise InvalidRoutesError(f"{call}: routed_experts is not a base64 .npy array ({exc})") from exc
     if array.ndim != 3 or not np.issubdtype(array.dtype, np.integer):
         raise InvalidRoutesError(
-            f"{routes.where()}: routed_experts must be an integer array of shape (tokens, layers, top_k), "
+            f"{call}: routed_experts must be an integer array of shape (tokens, layers, top_k), "
             f"got {array.dtype} of shape {array.shape}"
         )
     if array.size and (int(array.min()) < 0 or int(array.max()) > _MAX_EXPERT_ID):
         raise InvalidRoutesError(
-            f"{routes.where()}: expert ids span {int(array.min())}..{int(array.max())}, but the "
+            f"{call}: expert ids span {int(array.min())}..{int(array.max())}, but the "
             f"routed_experts tensor is uint8 (0..{_MAX_EXPERT_ID})"
         )
     needed = routes.original_prompt_length + routes.response_length - 1
     if len(array) < needed:
         raise InvalidRoutesError(
-            f"{routes.where()}: routed_experts covers {len(array)} tokens, but the row's "
+            f"{call}: routed_experts covers {len(array)} tokens, but the row's "
             f"{routes.original_prompt_length} prompt and {routes.response_length} response tokens need "
             f"at least {needed}"
         )
@@ -96,10 +94,9 @@ def routed_experts_tensor(
     and they are not ``required`` (a warning says so); a required row without routes raises."""
     missing = [row for row in rows if row.routes is None]
     if missing and required:
-        first = missing[0]
         raise InvalidRoutesError(
             f"R3 routing replay needs routed_experts on every training row, but {len(missing)} of {len(rows)} "
-            f"rows have none (first: rollout {first.rollout_id!r} turn {first.routes_turn}); start the gateway "
+            f"rows have none (first: {_call(missing[0])}); start the gateway "
             "with include_routed_experts and fetch the routes with the triplets "
             "(RolloutManagerConfig.include_routed_experts)"
         )
@@ -112,23 +109,25 @@ def routed_experts_tensor(
             len(rows),
         )
         return None
-    present = [row.routes for row in rows if row.routes is not None]
     decoded: dict[str, RouteArray] = {}  # rows that borrowed one call's routes share its payload
-    arrays: list[RouteArray] = []
-    for routes in present:
+    placed: list[tuple[RowRoutes, RouteArray]] = []
+    shape: tuple[int, ...] = ()
+    for row in rows:
+        routes = row.routes
+        assert routes is not None  # rows without routes returned above
         array = decoded.get(routes.payload)
         if array is None:
-            array = decoded[routes.payload] = decode_routes(routes)
-        arrays.append(array)
-    shape = arrays[0].shape[1:]
-    for routes, array in zip(present, arrays, strict=True):
-        if array.shape[1:] != shape:
+            array = decoded[routes.payload] = decode_routes(routes, _call(row))
+        if not placed:
+            shape = array.shape[1:]
+        elif array.shape[1:] != shape:
             raise InvalidRoutesError(
-                f"{routes.where()}: routed_experts has (layers, top_k) {array.shape[1:]}, but "
-                f"{present[0].where()} has {shape}; every call of a batch must come from one model"
+                f"{_call(row)}: routed_experts has (layers, top_k) {array.shape[1:]}, but {_call(rows[0])} "
+                f"has {shape}; every call of a batch must come from one model"
             )
+        placed.append((routes, array))
     out = np.zeros((len(rows), max_prompt_length + max_response_length, *shape), dtype=np.uint8)
-    for i, (routes, array) in enumerate(zip(present, arrays, strict=True)):
+    for i, (routes, array) in enumerate(placed):
         place_routes(out[i], routes, array, max_prompt_length)
     return torch.from_numpy(out)
 

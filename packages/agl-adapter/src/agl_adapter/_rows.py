@@ -255,8 +255,6 @@ def finish_row(
     if group.routes is not None:
         routes = RowRoutes(
             payload=group.routes,
-            rollout_id=rollout_id,
-            turn=group.routes_turn,
             original_prompt_length=len(group.prompt),
             prompt_length=len(prompt),
             response_length=len(response),

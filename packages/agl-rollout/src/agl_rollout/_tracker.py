@@ -5,7 +5,8 @@ the terminal-rollouts cursor (usually one page) says which rollouts turned termi
 the last sweep; one listing of RUNNING and just-terminal rollouts stamps start times (until
 every pending rollout has one) and brings the finished ones' statuses; on a sweep that found
 none of ours finished nor listed one of ours running (and at least every 30 s), one GET of a
-rotating pending rollout notices a server that lost its store (:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
+rotating pending rollout notices a server that lost its store
+(:attr:`RolloutTracker.loss_suspected`; the managers then re-create what it lost, see
 :mod:`agl_rollout.recovery`). Each finished rollout then costs a constant two calls (its triplet
 events, its delete), plus one raw-event fetch when an ``on_succeeded``/``on_failed`` hook wants them.
 """
