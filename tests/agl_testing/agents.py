@@ -55,6 +55,9 @@ class AgentBehaviour:
     120 s is an agent error), so a test orders things by events rather than by sleeps.
     ``routed_experts`` makes each call carry MoE routes, as the gateway records them with
     ``include_routed_experts``: an opaque payload ``routes-<turn>`` (the server does not decode it).
+    ``images`` makes each call a chat request whose messages carry one image per turn so far
+    (:func:`image_url`), the first call recorded twice, as a retry with the same prompt ids would be
+    (the triplet view keeps the second).
     """
 
     delay_s: float = 0.0
@@ -66,6 +69,7 @@ class AgentBehaviour:
     token_shift: int = 0
     wait_for: threading.Event | None = None
     routed_experts: bool = False
+    images: bool = False
 
 
 _WAIT_FOR_LIMIT_S = 120.0
@@ -82,14 +86,19 @@ def model_request_data(
     http_status: int = 200,
     model: str = TEST_MODEL_NAME,
     routed_experts: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A ``model_request`` payload in the shape the gateway proxy records for a completions call."""
+    """A ``model_request`` payload in the shape the gateway proxy records for a completions call
+    (a chat call when ``messages`` are given)."""
     lps = log_probs if log_probs is not None else [-0.5] * len(response_ids)
     ok = http_status < 400
+    request = (
+        {"model": model, "prompt": prompt_ids} if messages is None else {"model": model, "messages": messages}
+    )
     return {
         "model": model,
         "model_version": version,
-        "request": {"model": model, "prompt": prompt_ids},
+        "request": request,
         "response": {
             "choices": [
                 {
@@ -118,6 +127,23 @@ def _malformed_event(kind: Malformed, k: int, version: int) -> tuple[str, dict[s
     if kind == "bad_log_probs":
         return "model_request", model_request_data(prompt, [5, 6, 7], log_probs=[-0.1], version=version)
     return "reward", {"value": "high"}
+
+
+def image_url(turn: int, attempt: str = "") -> str:
+    """The (opaque) image URL the fake agents' turn ``turn`` adds to the conversation."""
+    return f"data:image/png;base64,dHVybi{turn}{attempt}"
+
+
+def _chat_messages(turn: int, attempt: str = "") -> list[dict[str, Any]]:
+    """A conversation up to turn ``turn``: each user message holds that turn's image and some text."""
+    messages: list[dict[str, Any]] = []
+    for k in range(turn + 1):
+        url = image_url(k, attempt if k == turn else "")
+        parts = [{"type": "text", "text": f"look {k}"}, {"type": "image_url", "image_url": {"url": url}}]
+        messages.append({"role": "user", "content": parts})
+        if k < turn:
+            messages.append({"role": "assistant", "content": f"saw {k}"})
+    return messages
 
 
 class FakeAgentError(AssertionError):
@@ -261,7 +287,8 @@ class FakeAgents:
         context = [1, 2, 3]
         for turn in range(behaviour.turns):
             response = [10 + turn + behaviour.token_shift, 20 + turn + behaviour.token_shift]
-            events.append(
+            attempts = ["retried", ""] if behaviour.images and turn == 0 else [""]
+            events.extend(
                 (
                     "model_request",
                     model_request_data(
@@ -269,8 +296,10 @@ class FakeAgents:
                         response,
                         version=behaviour.weight_version,
                         routed_experts=f"routes-{turn}" if behaviour.routed_experts else None,
+                        messages=_chat_messages(turn, attempt) if behaviour.images else None,
                     ),
                 )
+                for attempt in attempts
             )
             context = [*context, *response, 30 + turn]
         events.extend(

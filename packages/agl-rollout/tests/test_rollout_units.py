@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from agl_rollout import (
     AsyncRolloutManager,
     BatchTopUp,
     HookRunner,
+    ImagePairingError,
     RetryPolicy,
     RolloutHooks,
     RolloutManagerConfig,
@@ -21,11 +23,13 @@ from agl_rollout import (
     WaitProgress,
     batch_rows,
     extract_triplets,
+    image_urls_per_call,
     lifecycle_metrics,
     load_hooks,
     model_registrations,
     percentile,
     record_lifecycle,
+    request_image_urls,
     to_native,
 )
 from agl_rollout.pacing import SweepPacer
@@ -441,3 +445,40 @@ def test_load_hooks_with_two_subclasses_raises_value_error_naming_both(tmp_path:
 def test_load_hooks_of_a_missing_file_raises_file_not_found(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="Hooks module not found"):
         load_hooks(tmp_path / "nope.py")
+
+
+def test_request_image_urls_reads_image_parts_in_order_including_json_text_content() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:a"}}
+    request = {
+        "messages": [
+            {"role": "system", "content": "plain text"},
+            {"role": "user", "content": [{"type": "text", "text": "x"}, image]},
+            {
+                "role": "user",
+                "content": json.dumps([{"type": "image_url", "image_url": {"url": "file:///b"}}]),
+            },
+            {"role": "user", "content": [{"type": "image_url", "image_url": "bare-string"}, "not-a-part"]},
+            "not-a-message",
+        ]
+    }
+    assert request_image_urls(request) == ["data:a", "file:///b"]
+    assert request_image_urls({"prompt": [1, 2]}) == []
+    assert request_image_urls(None) == []
+
+
+def _timed(timestamp: float, urls: list[str]) -> Event:
+    parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    data = {"request": {"messages": [{"role": "user", "content": parts}]}}
+    return Event(event_type="model_request", rollout_id="r", attempt_id="0", timestamp=timestamp, data=data)
+
+
+def test_image_urls_pair_each_trimmed_call_with_the_raw_call_of_its_timestamp() -> None:
+    raw = [_timed(1.0, ["a"]), _timed(2.0, ["b"]), _timed(3.0, [])]
+    trimmed = [_timed(2.0, []), _event("reward", {"value": 1.0}), _timed(3.0, [])]
+    assert image_urls_per_call(trimmed, raw) == [["b"], []]
+
+
+def test_a_trimmed_call_without_a_raw_partner_is_an_error_naming_rollout_and_call() -> None:
+    with pytest.raises(ImagePairingError, match=r"rollout 'r': model call 1 .* no raw model_request") as err:
+        image_urls_per_call([_timed(1.0, []), _timed(9.0, [])], [_timed(1.0, ["a"]), _timed(2.0, ["b"])])
+    assert (err.value.rollout_id, err.value.call_index) == ("r", 1)

@@ -101,6 +101,15 @@ def test_triplet_repr_is_compact() -> None:
     assert repr(triplet) == "Triplet(prompt=1000 ids, response=2 ids, log_probs=no, reward=0.5)"
 
 
+def test_triplet_image_urls_default_to_none_and_must_be_strings() -> None:
+    assert Triplet(prompt_token_ids=[1], response_token_ids=[2]).image_urls is None
+    urls = ["data:image/png;base64,AAAA", "file:///tmp/a.png"]
+    assert Triplet(prompt_token_ids=[1], response_token_ids=[2], image_urls=urls).image_urls == urls
+    with pytest.raises(ValidationError) as err:
+        Triplet(prompt_token_ids=[1], response_token_ids=[2], image_urls=[{"url": "x"}])  # type: ignore[list-item]
+    assert err.value.errors()[0]["loc"] == ("image_urls", 0)
+
+
 def test_completed_rollout_json_round_trip_is_exact() -> None:
     rollout = _completed(final_reward=0.1, input={"question": "2+2", "n": [1, 2]}, metadata={"k": "v"})
     again = CompletedRollout.model_validate_json(rollout.model_dump_json())

@@ -11,9 +11,16 @@ from agl_rollout.client import PAUSE_TIMEOUT_S, AglClient
 from agl_rollout.collector import CollectedGroups, CollectorError, GroupCollector
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.convert import as_reward, to_native
-from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError, RolloutsLostError
+from agl_rollout.errors import (
+    AglHTTPError,
+    AglServerError,
+    AglUnavailableError,
+    ImagePairingError,
+    RolloutsLostError,
+)
 from agl_rollout.gateway import model_registrations, pause_and_drain
 from agl_rollout.hooks import BufferedTraceWriter, HookRunner, RolloutHooks, TraceWriter, load_hooks
+from agl_rollout.images import image_urls_per_call, request_image_urls
 from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
@@ -33,6 +40,7 @@ __all__ = (
     "AglHTTPError",
     "AglUnavailableError",
     "RolloutsLostError",
+    "ImagePairingError",
     # managers
     "RolloutManagerConfig",
     "SyncRolloutManager",
@@ -64,6 +72,8 @@ __all__ = (
     "as_reward",
     "build_completed_rollout",
     "extract_triplets",
+    "image_urls_per_call",
+    "request_image_urls",
     "lifecycle_metrics",
     "percentile",
     "record_lifecycle",

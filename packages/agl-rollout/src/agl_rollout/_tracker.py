@@ -22,6 +22,7 @@ from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.errors import AglHTTPError, AglServerError, RolloutsLostError
 from agl_rollout.hooks import HookRunner
+from agl_rollout.images import MODEL_REQUEST, image_urls_per_call
 from agl_rollout.lifecycle import record_lifecycle
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
 from agl_types import CompletedRollout, EnqueuedRollout, Rollout, RolloutState, RolloutStatusPatch
@@ -216,7 +217,11 @@ class RolloutTracker:
         events = self.client.get_events(
             rid, triplet=True, include_routed_experts=self.config.include_routed_experts
         )
-        extraction = extract_triplets(events)
+        images = None
+        if self.config.include_images:
+            calls = self.client.get_events(rid, event_type=MODEL_REQUEST, include_routed_experts=False)
+            images = image_urls_per_call(events, calls)
+        extraction = extract_triplets(events, images)
         completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
         self._delete(rid)
         counts.add(completed, extraction.n_invalid_events)

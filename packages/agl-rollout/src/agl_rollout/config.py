@@ -23,6 +23,8 @@ class RolloutManagerConfig:
     :mod:`agl_rollout.pacing`); equal to ``poll_interval_seconds``, it sweeps at a fixed interval.
     ``include_routed_experts`` fetches each model call's MoE routes (R3 replay) with its triplets;
     off, the server leaves them out, since they run to megabytes per call.
+    ``include_images`` reads each model call's image URLs from its raw event (one more GET per
+    rollout) and sets them on its triplet, for vision-language training.
     """
 
     train_rollout_n: int = 1
@@ -35,6 +37,7 @@ class RolloutManagerConfig:
     terminal_page_limit: int = 1000
     progress: bool | None = None
     include_routed_experts: bool = False
+    include_images: bool = False
 
     def __post_init__(self) -> None:
         if self.train_rollout_n < 1:

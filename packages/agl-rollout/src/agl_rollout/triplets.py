@@ -25,7 +25,7 @@ class TripletExtraction:
     n_invalid_events: int
 
 
-def _triplet(event: Event) -> Triplet | None:
+def _triplet(event: Event, image_urls: list[str] | None) -> Triplet | None:
     try:
         data = TripletModelRequestData.model_validate(event.data)
         if data.is_error or not data.response_token_ids:
@@ -36,16 +36,20 @@ def _triplet(event: Event) -> Triplet | None:
             response_log_probs=data.response_log_probs,
             metadata={"server": data.server.model_dump()},
             routed_experts=data.routed_experts,
+            image_urls=image_urls or None,
         )
     except ValidationError as exc:
         logger.debug("skipping malformed model_request rollout_id=%s error=%s", event.rollout_id, exc)
         return None
 
 
-def extract_triplets(events: Sequence[Event]) -> TripletExtraction:
+def extract_triplets(
+    events: Sequence[Event], image_urls: Sequence[list[str]] | None = None
+) -> TripletExtraction:
     """Build the triplets of one rollout from its ``format=triplet`` events.
 
-    Every valid ``model_request`` becomes a Triplet; the last ``reward`` event with a finite
+    ``image_urls``, when given, holds each ``model_request``'s images (see
+    :func:`agl_rollout.images.image_urls_per_call`). Every valid ``model_request`` becomes a Triplet; the last ``reward`` event with a finite
     numeric ``value`` is the final reward and is also set on the last triplet. Invalid events
     are skipped and counted. Unlike the reference, an invalid later reward does not hide an
     earlier valid one.
@@ -53,9 +57,11 @@ def extract_triplets(events: Sequence[Event]) -> TripletExtraction:
     triplets: list[Triplet] = []
     final_reward: float | None = None
     n_invalid = 0
+    n_calls = 0
     for event in events:
         if event.event_type == "model_request":
-            triplet = _triplet(event)
+            triplet = _triplet(event, None if image_urls is None else image_urls[n_calls])
+            n_calls += 1
             if triplet is None:
                 n_invalid += 1
             else:

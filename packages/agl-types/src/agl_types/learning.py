@@ -46,6 +46,8 @@ class Triplet(BaseModel):
     ``metadata`` carries e.g. ``{"server": {"model": ..., "version": ...}}``.
     ``routed_experts`` is the call's MoE routing for R3 replay, as the gateway sends it (a base64
     ``.npy`` of shape (tokens, layers, top_k)); the adapter decodes it only when it builds a row.
+    ``image_urls`` are the images of the call's request messages, in order (``data:``, ``file://``
+    or ``http(s)://`` URLs); None for a call without images or when they were not fetched.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -56,6 +58,7 @@ class Triplet(BaseModel):
     reward: Reward = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     routed_experts: str | None = None
+    image_urls: list[str] | None = None
 
     @field_validator("response_log_probs")
     @classmethod
