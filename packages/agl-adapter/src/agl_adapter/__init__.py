@@ -2,9 +2,10 @@
 
 from importlib.metadata import version as _version
 
+from agl_adapter._images import load_image
 from agl_adapter.adapter import TRACE_AGGREGATOR_LEVELS, Metrics, RolloutAdapter, TraceAggregatorLevel
 from agl_adapter.batch import AdapterBatch
-from agl_adapter.errors import EmptyBatchError, InvalidRoutesError, InvalidTraceError
+from agl_adapter.errors import EmptyBatchError, InvalidImagesError, InvalidRoutesError, InvalidTraceError
 from agl_adapter.mismatch import (
     MISMATCH_COLUMNS,
     JsonlMismatchSink,
@@ -43,6 +44,9 @@ __all__ = (
     "EmptyBatchError",
     "InvalidTraceError",
     "InvalidRoutesError",
+    "InvalidImagesError",
+    # images
+    "load_image",
     # trace-merge mismatches
     "MISMATCH_COLUMNS",
     "MismatchEntry",

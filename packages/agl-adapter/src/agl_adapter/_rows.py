@@ -31,7 +31,8 @@ UNKNOWN_VERSION = -1
 class Turn:
     """One triplet as arrays. ``log_probs`` is None when missing or not one per response token;
     ``version`` is the weight version that served the call (``UNKNOWN_VERSION`` when not recorded);
-    ``routes`` is the call's MoE routing payload, still encoded (decoded only for kept rows)."""
+    ``routes`` is the call's MoE routing payload, still encoded (decoded only for kept rows);
+    ``image_urls`` the images of its request messages (None: none)."""
 
     index: int
     prompt: IdArray
@@ -39,6 +40,7 @@ class Turn:
     log_probs: LogProbArray | None
     version: int
     routes: str | None
+    image_urls: tuple[str, ...] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,8 @@ class TrainingRow:
     ``log_probs`` (0.0 on observations), ``versions`` (the weight version that produced each token; an
     observation carries the version of the call whose prompt it ends): (response_len ≤ R,).
     ``turn_index`` is the row's first turn; ``routes`` says where its MoE routes come from (R3), and
-    ``routes_turn`` which call they come (or would come) from.
+    ``routes_turn`` which call they come (or would come) from. ``image_urls`` are the images of the
+    row's last call (``images_turn``), whose context is the whole row.
     """
 
     rollout_id: str
@@ -73,6 +76,8 @@ class TrainingRow:
     response_truncated: bool
     routes: RowRoutes | None
     routes_turn: int
+    image_urls: tuple[str, ...] | None
+    images_turn: int
 
     @property
     def n_trained_tokens(self) -> int:
@@ -127,6 +132,7 @@ def convert_turns(triplets: Sequence[Triplet], rollout_id: str) -> list[Turn]:
                 log_probs=_log_probs(triplet.response_log_probs, len(response), rollout_id, k),
                 version=UNKNOWN_VERSION if triplet.weight_version is None else triplet.weight_version,
                 routes=triplet.routed_experts,
+                image_urls=tuple(triplet.image_urls) if triplet.image_urls else None,
             )
         )
     return turns
@@ -147,10 +153,13 @@ def observation_after(prompt: IdArray, previous: Turn) -> IdArray | None:
 class Group:
     """Consecutive turns merged into one row: the first turn's prompt, then model and observation pieces.
 
-    ``routes`` are the last merged turn's (``routes_turn``): that call's context holds the whole row.
+    ``routes`` and ``image_urls`` are the last merged turn's (``routes_turn``, ``images_turn``): that
+    call's context holds the whole row.
     """
 
     __slots__ = (
+        "image_urls",
+        "images_turn",
         "is_model",
         "log_probs",
         "pieces",
@@ -169,6 +178,7 @@ class Group:
         self.versions: list[int] = [turn.version]
         self.log_probs: list[LogProbArray] | None = None if turn.log_probs is None else [turn.log_probs]
         self.routes, self.routes_turn = turn.routes, turn.index
+        self.image_urls, self.images_turn = turn.image_urls, turn.index
 
     def append(self, observation: IdArray, turn: Turn) -> None:
         """Add a tool observation (trained with mask 0, log-prob 0.0) and the next model response."""
@@ -176,6 +186,7 @@ class Group:
         self.is_model += (False, True)
         self.versions += (turn.version, turn.version)
         self.routes, self.routes_turn = turn.routes, turn.index
+        self.image_urls, self.images_turn = turn.image_urls, turn.index
         if self.log_probs is not None:
             if turn.log_probs is None:
                 self.log_probs = None
@@ -273,4 +284,6 @@ def finish_row(
         response_truncated=truncated,
         routes=routes,
         routes_turn=group.routes_turn,
+        image_urls=group.image_urls,
+        images_turn=group.images_turn,
     )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, get_args
 import numpy as np
 import torch
 
+from agl_adapter._images import VisionEncoder
 from agl_adapter._rows import (
     Group,
     PrefixBreak,
@@ -27,7 +28,7 @@ from agl_adapter._rows import (
     transition_groups,
 )
 from agl_adapter.batch import AdapterBatch, assemble_batch
-from agl_adapter.errors import EmptyBatchError
+from agl_adapter.errors import EmptyBatchError, InvalidImagesError
 from agl_adapter.mismatch import MismatchEntry, MismatchSink, cap_text, decode_ids, default_mismatch_sink
 from agl_adapter.trajectories import (
     TRACE_MERGE_MISMATCHES,
@@ -94,6 +95,11 @@ class RolloutAdapter:
     ``require_routed_experts``: R3 routing replay is on, so every training row must carry its model
     calls' MoE routes (an InvalidRoutesError names the first row without); otherwise the batch has
     ``routed_experts`` only when every row has routes.
+    ``processor``: the model's HF processor (verl's ``hf_processor``), for triplets with
+    ``image_urls``: rows with images then carry ``multi_modal_inputs``, and with an mrope model
+    (Qwen2/2.5/3-VL) the batch's ``position_ids`` are (N, 4, P+R). A row with images and no
+    processor, an image that does not load, or placeholder tokens its images do not fill is an
+    InvalidImagesError naming the rollout and the turn.
     """
 
     def __init__(
@@ -113,6 +119,7 @@ class RolloutAdapter:
         artifact_sink: ArtifactSink | None = None,
         max_train_trajectories: int | None = 24,
         require_routed_experts: bool = False,
+        processor: Any | None = None,
     ) -> None:
         if trace_aggregator_level not in TRACE_AGGREGATOR_LEVELS:
             raise ValueError(
@@ -135,6 +142,7 @@ class RolloutAdapter:
             _non_negative("max_train_trajectories", max_train_trajectories)
         self.max_train_trajectories = max_train_trajectories
         self.require_routed_experts = require_routed_experts
+        self.processor = processor
 
     @property
     def is_trajectory(self) -> bool:
@@ -199,6 +207,9 @@ class RolloutAdapter:
             )
         if not rows:
             raise EmptyBatchError(self._empty_reason(counts, len(no_trace_ids)))
+        vision = None if self.processor is None else VisionEncoder(self.processor)
+        if vision is None:
+            _refuse_images_without_processor(rows)
         batch = assemble_batch(
             rows,
             max_prompt_length=self.max_prompt_length,
@@ -206,6 +217,7 @@ class RolloutAdapter:
             pad_token_id=self.pad_token_id,
             include_turn_index=not self.is_trajectory,
             require_routed_experts=self.require_routed_experts,
+            vision=vision,
         )
         if self.device.type != "cpu":
             batch = batch.to(self.device)
@@ -368,6 +380,16 @@ class RolloutAdapter:
             metrics["training/n_unmerged_rollouts"] = counts.n_unmerged
             metrics["training/n_trace_merge_mismatch_rows"] = counts.n_prefix_breaks
         return metrics
+
+
+def _refuse_images_without_processor(rows: Sequence[TrainingRow]) -> None:
+    row = next((row for row in rows if row.image_urls), None)
+    if row is not None:
+        raise InvalidImagesError(
+            f"rollout {row.rollout_id!r} turn {row.images_turn} has {len(row.image_urls or ())} image(s) but "
+            "the adapter has no processor: pass RolloutAdapter(processor=...) (verl's hf_processor of a "
+            "vision-language model), or keep images out of the agents' model calls"
+        )
 
 
 __all__ = ("TRACE_AGGREGATOR_LEVELS", "Metrics", "RolloutAdapter", "TraceAggregatorLevel")

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from agl_adapter._images import VisionEncoder
 from agl_adapter._routes import routed_experts_tensor
 from agl_adapter._rows import UNKNOWN_VERSION, TrainingRow
 
@@ -25,6 +26,7 @@ _NON_TENSOR_FIELDS = (
     "turn_index_list",
     "weight_version_min",
     "weight_version_max",
+    "multi_modal_inputs",
 )
 
 
@@ -33,7 +35,9 @@ class AdapterBatch:
     """One verl training batch of N rows; P = max_prompt_length, R = max_response_length.
 
     Tensors: ``prompts`` (N, P) long, left-padded; ``responses`` (N, R) long, right-padded (model
-    tokens and tool observations); ``input_ids``, ``attention_mask``, ``position_ids`` (N, P+R) long;
+    tokens and tool observations); ``input_ids``, ``attention_mask`` (N, P+R) long; ``position_ids``
+    (N, P+R) long, or (N, 4, P+R) for an mrope vision-language model when a row has images (a text
+    row over its three vision rows);
     ``response_mask`` (N, R) long, 1 = model token; ``is_drop_mask`` (N,) bool, prompt overflow;
     ``token_level_scores`` (N, R) float32, the row reward on its last response token;
     ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs;
@@ -45,7 +49,9 @@ class AdapterBatch:
     present only when every row has routes.
     Arrays: ``data_id_list``, ``rollout_id_list`` (N,) object (str); ``turn_index_list`` (N,) int64
     at transition level, else None; ``weight_version_min``, ``weight_version_max`` (N,) int64, the
-    oldest and newest version of the row's model tokens (-1: none known).
+    oldest and newest version of the row's model tokens (-1: none known); ``multi_modal_inputs``
+    (N,) object, when a row has images: each row's vision tensors (``pixel_values``,
+    ``image_grid_thw``, ...) as a dict, None for a row without images.
     """
 
     prompts: torch.Tensor
@@ -64,6 +70,7 @@ class AdapterBatch:
     turn_index_list: NDArray[np.int64] | None
     weight_version_min: NDArray[np.int64]
     weight_version_max: NDArray[np.int64]
+    multi_modal_inputs: NDArray[np.object_] | None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -78,7 +85,8 @@ class AdapterBatch:
         return out
 
     def non_tensors(self) -> dict[str, NDArray[Any]]:
-        """The per-row numpy arrays by verl key; ``turn_index_list`` only at transition level."""
+        """The per-row numpy arrays by verl key; ``turn_index_list`` only at transition level,
+        ``multi_modal_inputs`` only when a row has images."""
         out: dict[str, NDArray[Any]] = {}
         for name in _NON_TENSOR_FIELDS:
             value = getattr(self, name)
@@ -112,11 +120,12 @@ def assemble_batch(
     pad_token_id: int,
     include_turn_index: bool,
     require_routed_experts: bool = False,
+    vision: VisionEncoder | None = None,
 ) -> AdapterBatch:
     """Pad rows into the batch tensors; one numpy copy per row and array, no per-token Python work.
 
     ``require_routed_experts`` makes a row without MoE routes an InvalidRoutesError instead of a
-    batch without ``routed_experts``.
+    batch without ``routed_experts``. ``vision`` encodes the rows' images when any row has some.
 
     ``position_ids`` is computed in closed form, ``clip(col - first_valid_col, 0, n_valid - 1)``,
     which equals verl's ``clamp(cumsum(attention_mask) - 1, min=0)`` for a contiguous mask.
@@ -152,12 +161,19 @@ def assemble_batch(
     scores = np.zeros((n, r), dtype=np.float32)
     scores[np.arange(n), ends - p - 1] = np.array([row.reward for row in rows], dtype=np.float32)
     spans = np.array([row.version_span() for row in rows], dtype=np.int64).reshape(n, 2)
+    input_ids_t, attention_mask_t = torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
+    position_ids_t, multi_modal_inputs = torch.from_numpy(position_ids), None
+    if vision is not None and any(row.image_urls for row in rows):
+        encoded = vision.encode(rows, input_ids_t, attention_mask_t)
+        multi_modal_inputs = encoded.multi_modal_inputs
+        if encoded.position_ids is not None:
+            position_ids_t = encoded.position_ids
     return AdapterBatch(
         prompts=torch.from_numpy(input_ids[:, :p].copy()),
         responses=torch.from_numpy(input_ids[:, p:].copy()),
-        input_ids=torch.from_numpy(input_ids),
-        attention_mask=torch.from_numpy(attention_mask),
-        position_ids=torch.from_numpy(position_ids),
+        input_ids=input_ids_t,
+        attention_mask=attention_mask_t,
+        position_ids=position_ids_t,
         response_mask=torch.from_numpy(response_mask),
         is_drop_mask=torch.from_numpy(np.array([row.is_drop for row in rows], dtype=np.bool_)),
         token_level_scores=torch.from_numpy(scores),
@@ -173,6 +189,7 @@ def assemble_batch(
         else None,
         weight_version_min=spans[:, 0].copy(),
         weight_version_max=spans[:, 1].copy(),
+        multi_modal_inputs=multi_modal_inputs,
     )
 
 

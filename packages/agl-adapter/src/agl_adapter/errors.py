@@ -18,8 +18,14 @@ class InvalidRoutesError(ValueError):
     where routing replay needs them. The message names the rollout and the turn."""
 
 
+class InvalidImagesError(ValueError):
+    """A row's images cannot be trained on: one does not load, the adapter has no processor, or the
+    row's image placeholder tokens do not match what its images expand to. The message names the
+    rollout and the turn the images come from."""
+
+
 class EmptyBatchError(RuntimeError):
     """A training step produced zero rows; the message says why (no traces, all rows empty, all dropped)."""
 
 
-__all__ = ("EmptyBatchError", "InvalidRoutesError", "InvalidTraceError")
+__all__ = ("EmptyBatchError", "InvalidImagesError", "InvalidRoutesError", "InvalidTraceError")

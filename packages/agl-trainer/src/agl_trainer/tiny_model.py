@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ("TINY_MODEL_SPECIAL_TOKENS", "build_tiny_model")
+__all__ = ("IM_START", "TINY_MODEL_SPECIAL_TOKENS", "build_tiny_model", "build_tiny_tokenizer")
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -128,7 +128,7 @@ def _reuse(target: Path, params: dict[str, int]) -> Path:
 
 
 def _write_model(folder: Path, params: dict[str, int]) -> None:
-    tokenizer = _train_tokenizer(params["vocab_size"])
+    tokenizer = build_tiny_tokenizer(params["vocab_size"])
     tokenizer.save_pretrained(folder)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -160,7 +160,7 @@ def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
     return token_id
 
 
-def _train_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on the built-in corpus; deterministic for a given ``vocab_size``."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

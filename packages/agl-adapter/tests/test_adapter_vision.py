@@ -1,0 +1,209 @@
+"""Rows with images through a real (tiny) Qwen2-VL processor: ``multi_modal_inputs`` and the (4, L)
+mrope ``position_ids``, exact, and every way images and tokens can disagree is an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agl_adapter import AdapterBatch, InvalidImagesError, RolloutAdapter, load_image
+from agl_testing.requirements import import_optional
+from agl_testing.routes import succeeded_rollout
+from agl_types import Triplet
+
+import_optional("transformers")
+
+from agl_testing.vision import placeholder, png_data_url, png_file_url, tiny_vl_processor  # noqa: E402
+
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def processor() -> Any:
+    return tiny_vl_processor()
+
+
+def _adapter(processor: Any, p: int, r: int, level: str = "transition") -> RolloutAdapter:
+    return RolloutAdapter(
+        max_prompt_length=p,
+        max_response_length=r,
+        pad_token_id=PAD,
+        trace_aggregator_level=level,
+        processor=processor,
+    )
+
+
+def _vision(processor: Any, urls: list[str]) -> dict[str, torch.Tensor]:
+    outputs = processor(text=["dummy"], images=[load_image(url) for url in urls], return_tensors="pt")
+    return {key: outputs[key] for key in ("pixel_values", "image_grid_thw")}
+
+
+def _assert_inputs(actual: dict[str, torch.Tensor] | None, expected: dict[str, torch.Tensor]) -> None:
+    assert actual is not None
+    assert actual.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(actual[key], value), key
+
+
+def _build(adapter: RolloutAdapter, *triplets: Triplet) -> AdapterBatch:
+    batch, _ = adapter.build_batch([succeeded_rollout(triplets)])
+    return batch
+
+
+def test_an_image_row_gets_the_processors_vision_tensors_and_mrope_positions_a_text_row_plain_ones(
+    processor: Any,
+) -> None:
+    image = png_data_url(2, 2)
+    prompt = [5, *placeholder(processor, 2, 2), 6]  # 5, start, 4 pads, end, 6
+    batch = _build(
+        _adapter(processor, p=10, r=3),
+        Triplet(prompt_token_ids=prompt, response_token_ids=[7, 8], image_urls=[image]),
+        Triplet(prompt_token_ids=[9, 9], response_token_ids=[4]),
+    )
+    assert batch.multi_modal_inputs is not None
+    _assert_inputs(batch.multi_modal_inputs[0], _vision(processor, [image]))
+    assert batch.multi_modal_inputs[0]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert batch.multi_modal_inputs[1] is None
+    # Text row: 1 on padding, 0.. on tokens. Vision rows: the 2 x 2 merged patches sit at
+    # (t, h, w) = 2 + (0, row, col), and text after them resumes at 2 + 2 = 4; 0 on padding.
+    assert batch.position_ids[0].tolist() == [
+        [1, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1],
+        [0, 0, 0, 1, 2, 2, 2, 2, 4, 5, 6, 7, 0],
+        [0, 0, 0, 1, 2, 2, 3, 3, 4, 5, 6, 7, 0],
+        [0, 0, 0, 1, 2, 3, 2, 3, 4, 5, 6, 7, 0],
+    ]
+    assert batch.position_ids[1].tolist() == [[1] * 8 + [0, 1, 2] + [1, 1]] * 4
+    assert list(batch.non_tensors()["multi_modal_inputs"]) == list(batch.multi_modal_inputs)
+
+
+def test_a_batch_without_images_keeps_plain_positions_and_no_multi_modal_inputs(processor: Any) -> None:
+    batch = _build(_adapter(processor, p=3, r=2), Triplet(prompt_token_ids=[1, 2], response_token_ids=[3]))
+    assert batch.multi_modal_inputs is None
+    assert batch.position_ids.tolist() == [[0, 0, 1, 2, 2]]
+
+
+def test_a_merged_row_takes_its_last_calls_images_which_hold_every_image_of_the_row(
+    processor: Any, tmp_path: Path
+) -> None:
+    first, second = png_data_url(1, 1, shade=1), png_file_url(tmp_path, 2, 1, shade=2)
+    prompt = [5, *placeholder(processor, 1, 1)]
+    observation = [6, *placeholder(processor, 2, 1)]
+    triplets = (
+        Triplet(prompt_token_ids=prompt, response_token_ids=[7], image_urls=[first]),
+        Triplet(
+            prompt_token_ids=[*prompt, 7, *observation], response_token_ids=[8], image_urls=[first, second]
+        ),
+    )
+    batch = _build(_adapter(processor, p=4, r=8, level="trajectory"), *triplets)
+    assert batch.multi_modal_inputs is not None
+    _assert_inputs(batch.multi_modal_inputs[0], _vision(processor, [first, second]))
+    # 5 start [pad] end 7 6 start [pad pad] end 8: the first image is one patch at 2 (text resumes
+    # at 2 + 1), the second one row of two patches at 7 + (0, 0, col) (text resumes at 7 + 2).
+    assert batch.position_ids[0].tolist() == [
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1],
+        [0, 1, 2, 3, 4, 5, 6, 7, 7, 9, 10, 0],
+        [0, 1, 2, 3, 4, 5, 6, 7, 7, 9, 10, 0],
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0],
+    ]
+
+
+def test_a_response_cut_through_an_image_is_an_error_naming_rollout_and_turn(processor: Any) -> None:
+    image = png_data_url(2, 2)
+    prompt = [5, 6]
+    triplets = (
+        Triplet(prompt_token_ids=prompt, response_token_ids=[7]),
+        Triplet(
+            prompt_token_ids=[*prompt, 7, *placeholder(processor, 2, 2)],
+            response_token_ids=[8],
+            image_urls=[image],
+        ),
+    )
+    with pytest.raises(
+        InvalidImagesError,
+        match=r"rollout 'r1' turn 1: the row holds 2 image placeholder tokens but its 1 image\(s\) expand to 4",
+    ):
+        _build(_adapter(processor, p=2, r=4, level="trajectory"), *triplets)
+
+
+def test_images_that_are_not_the_prompts_are_an_error(processor: Any) -> None:
+    prompt = [5, *placeholder(processor, 1, 1)]
+    triplet = Triplet(
+        prompt_token_ids=prompt,
+        response_token_ids=[7],
+        image_urls=[png_data_url(1, 1), png_data_url(1, 1, 3)],
+    )
+    with pytest.raises(
+        InvalidImagesError,
+        match=r"turn 0: the row holds 1 image placeholder tokens but its 2 image\(s\) expand to 2",
+    ):
+        _build(_adapter(processor, p=8, r=2), triplet)
+
+
+def test_an_image_that_does_not_load_is_an_error_naming_rollout_turn_and_url(
+    processor: Any, tmp_path: Path
+) -> None:
+    missing = f"file://{tmp_path / 'missing.png'}"
+    triplet = Triplet(
+        prompt_token_ids=[5, *placeholder(processor, 1, 1)], response_token_ids=[7], image_urls=[missing]
+    )
+    with pytest.raises(InvalidImagesError, match=rf"rollout 'r1' turn 0: cannot load image '{missing}'"):
+        _build(_adapter(processor, p=8, r=2), triplet)
+
+
+def test_a_cut_prompt_keeps_no_images_and_plain_positions_as_it_never_trains(processor: Any) -> None:
+    prompt = [5, *placeholder(processor, 1, 1)]
+    triplet = Triplet(prompt_token_ids=prompt, response_token_ids=[7], image_urls=[png_data_url(1, 1)])
+    batch = _build(_adapter(processor, p=2, r=2), triplet)
+    assert batch.is_drop_mask.tolist() == [True]
+    assert batch.multi_modal_inputs is not None and batch.multi_modal_inputs[0] is None
+    assert batch.position_ids[0].tolist() == [[0, 1, 2, 1]] * 4
+
+
+@st.composite
+def _image_calls(draw: st.DrawFn) -> tuple[list[tuple[int, int]], list[list[int]]]:
+    """Image sizes (in merged cells) and the text runs around them: text, image, text, ..., text."""
+    sizes = draw(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=3))
+    texts = draw(
+        st.lists(st.lists(st.integers(1, 99), max_size=3), min_size=len(sizes) + 1, max_size=len(sizes) + 1)
+    )
+    return sizes, texts
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    calls=_image_calls(),
+    response=st.lists(st.integers(1, 99), min_size=1, max_size=4),
+    spare=st.integers(0, 3),
+)
+def test_padding_never_changes_a_rows_positions_or_vision_tensors(
+    processor: Any, calls: tuple[list[tuple[int, int]], list[list[int]]], response: list[int], spare: int
+) -> None:
+    """Whatever the images and the padding, the row's tokens get the positions and vision tensors
+    the processor and the model's own rope index give the unpadded call."""
+    sizes, texts = calls
+    urls = [png_data_url(w, h, shade=k) for k, (w, h) in enumerate(sizes)]
+    prompt = list(texts[0])
+    for (w, h), text in zip(sizes, texts[1:], strict=True):
+        prompt += [*placeholder(processor, w, h), *text]
+    tokens = torch.tensor([[*prompt, *response]])
+    vision = _vision(processor, urls)
+    image_token = processor.image_token_id
+    expected, _ = processor.get_rope_index(
+        input_ids=tokens,
+        mm_token_type_ids=(tokens == image_token).long(),
+        image_grid_thw=vision["image_grid_thw"],
+    )
+    batch = _build(
+        _adapter(processor, p=len(prompt) + spare, r=len(response) + spare),
+        Triplet(prompt_token_ids=prompt, response_token_ids=response, image_urls=urls),
+    )
+    valid = batch.attention_mask[0].bool()
+    assert batch.multi_modal_inputs is not None
+    _assert_inputs(batch.multi_modal_inputs[0], vision)
+    assert torch.equal(batch.position_ids[0][1:, valid], expected[:, 0])
+    assert batch.position_ids[0][0, valid].tolist() == list(range(tokens.shape[1]))
