@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -43,6 +43,14 @@ Malformed = Literal["error_status", "no_response_tokens", "bad_log_probs", "non_
 
 
 @dataclass(frozen=True)
+class TurnImage:
+    """An image a fake agent adds to its conversation: its URL and the prompt ids it expands to."""
+
+    url: str
+    placeholder: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class AgentBehaviour:
     """What one fake agent does with its rollout.
 
@@ -55,9 +63,10 @@ class AgentBehaviour:
     120 s is an agent error), so a test orders things by events rather than by sleeps.
     ``routed_experts`` makes each call carry MoE routes, as the gateway records them with
     ``include_routed_experts``: an opaque payload ``routes-<turn>`` (the server does not decode it).
-    ``images`` makes each call a chat request whose messages carry one image per turn so far
-    (:func:`image_url`), the first call recorded twice, as a retry with the same prompt ids would be
-    (the triplet view keeps the second).
+    ``images``, one per turn from the first, make each call a chat request whose messages carry the
+    images of every turn so far; each image's ``placeholder`` ids join the context before its turn's
+    call (as a chat template expands them). The first call is then recorded twice, as a retry with
+    the same prompt ids would be: first without images (the triplet view keeps the second).
     """
 
     delay_s: float = 0.0
@@ -69,7 +78,7 @@ class AgentBehaviour:
     token_shift: int = 0
     wait_for: threading.Event | None = None
     routed_experts: bool = False
-    images: bool = False
+    images: tuple[TurnImage, ...] = ()
 
 
 _WAIT_FOR_LIMIT_S = 120.0
@@ -129,20 +138,17 @@ def _malformed_event(kind: Malformed, k: int, version: int) -> tuple[str, dict[s
     return "reward", {"value": "high"}
 
 
-def image_url(turn: int, attempt: str = "") -> str:
-    """The (opaque) image URL the fake agents' turn ``turn`` adds to the conversation."""
-    return f"data:image/png;base64,dHVybi{turn}{attempt}"
-
-
-def _chat_messages(turn: int, attempt: str = "") -> list[dict[str, Any]]:
-    """A conversation up to turn ``turn``: each user message holds that turn's image and some text."""
+def _chat_messages(images: Sequence[TurnImage]) -> list[dict[str, Any]]:
+    """A conversation of one user message per image (with some text), answered in between."""
     messages: list[dict[str, Any]] = []
-    for k in range(turn + 1):
-        url = image_url(k, attempt if k == turn else "")
-        parts = [{"type": "text", "text": f"look {k}"}, {"type": "image_url", "image_url": {"url": url}}]
+    for k, image in enumerate(images):
+        if k:
+            messages.append({"role": "assistant", "content": f"saw {k - 1}"})
+        parts = [
+            {"type": "text", "text": f"look {k}"},
+            {"type": "image_url", "image_url": {"url": image.url}},
+        ]
         messages.append({"role": "user", "content": parts})
-        if k < turn:
-            messages.append({"role": "assistant", "content": f"saw {k}"})
     return messages
 
 
@@ -287,7 +293,10 @@ class FakeAgents:
         context = [1, 2, 3]
         for turn in range(behaviour.turns):
             response = [10 + turn + behaviour.token_shift, 20 + turn + behaviour.token_shift]
-            attempts = ["retried", ""] if behaviour.images and turn == 0 else [""]
+            shown = behaviour.images[: turn + 1]
+            if turn < len(behaviour.images):
+                context += behaviour.images[turn].placeholder
+            attempts = [(), shown] if behaviour.images and turn == 0 else [shown]
             events.extend(
                 (
                     "model_request",
@@ -296,7 +305,7 @@ class FakeAgents:
                         response,
                         version=behaviour.weight_version,
                         routed_experts=f"routes-{turn}" if behaviour.routed_experts else None,
-                        messages=_chat_messages(turn, attempt) if behaviour.images else None,
+                        messages=_chat_messages(attempt) if behaviour.images else None,
                     ),
                 )
                 for attempt in attempts

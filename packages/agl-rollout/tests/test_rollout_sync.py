@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agl_rollout import AglClient, RolloutBatchResult, RolloutManagerConfig, SyncRolloutManager
-from agl_testing.agents import AgentBehaviour, FakeAgents, Outcome, image_url
+from agl_testing.agents import AgentBehaviour, FakeAgents, Outcome, TurnImage
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_types import RolloutState
 
@@ -137,7 +137,8 @@ def test_routes_come_with_the_triplets_when_asked_and_the_server_keeps_only_a_ch
 def test_each_calls_images_come_from_its_own_raw_request_when_asked(
     agl_server: AglServerProcess, include: bool
 ) -> None:
-    behaviour = AgentBehaviour(turns=3, images=True, malformed=("error_status", "no_response_tokens"))
+    images = tuple(TurnImage(f"data:image/png;base64,dHVybi{k}") for k in range(3))
+    behaviour = AgentBehaviour(turns=3, images=images, malformed=("error_status", "no_response_tokens"))
     with (
         AglClient(agl_server.url, TEST_KEY) as client,
         FakeAgents(agl_server.url, behaviour=behaviour) as agents,
@@ -148,7 +149,7 @@ def test_each_calls_images_come_from_its_own_raw_request_when_asked(
             .completed
         )
     assert agents.stats.errors == []
-    first, second, third = image_url(0), image_url(1), image_url(2)
+    first, second, third = (image.url for image in images)
     expected = [[first], [first, second], [first, second, third]] if include else [None, None, None]
     assert [t.image_urls for t in rollout.triplets] == expected
 

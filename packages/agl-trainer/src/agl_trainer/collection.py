@@ -81,9 +81,11 @@ class Collection:
         client: AglClient,
         top_up: BatchTopUp,
         registrations: Registrations,
+        *,
+        include_images: bool = False,
     ) -> Collection:
         """The collection ``config`` describes: the managers' settings, batch sizes, hooks and
-        dynamic sampling."""
+        dynamic sampling; ``include_images`` reads each model call's images (a vision-language model)."""
         data = config.data
         return cls(
             client,
@@ -97,6 +99,7 @@ class Collection:
                 local_env_map=settings.local_env_map,
                 k8s_job_template_path=settings.k8s_job_template_path,
                 include_routed_experts=settings.routing_replay_key is not None,
+                include_images=include_images,
             ),
             train_batch_size=int(data.train_batch_size),
             gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,25 +66,60 @@ def served_model_name(config: DictConfig) -> str:
     return gateway_model_name(config)
 
 
+def load_processor(model_path: str) -> Any | None:
+    """verl's ``hf_processor`` of a vision-language model; None for a text model.
+
+    verl turns a processor that fails to load into a warning and None, which would refuse the
+    agents' images only at the first step; for a model with a vision tower it is an error now.
+    """
+    from transformers import AutoConfig
+    from verl.utils import hf_processor
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        processor = hf_processor(model_path)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if (
+        processor is None
+        and getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+    ):
+        causes = "; ".join(str(w.message).strip() for w in caught) or "no cause given"
+        raise RuntimeError(
+            f"actor_rollout_ref.model.path={model_path} is a vision-language model, but its HF processor "
+            f"did not load ({causes}). Its agents' images cannot be trained on without it; transformers "
+            "builds Qwen-VL processors on torchvision, so install the torchvision that matches torch."
+        )
+    return processor
+
+
 def build_trainer(
     config: DictConfig,
     train_dataset: Sequence[Mapping[str, Any]],
     val_dataset: Sequence[Mapping[str, Any]],
     *,
     weight_pusher: WeightPusher | None = None,
+    processor: Any | None = None,
 ) -> AglRayPPOTrainer:
-    """Validate, start Ray, and build the trainer with its workers (not yet trained)."""
+    """Validate, start Ray, and build the trainer with its workers (not yet trained).
+
+    ``processor``: the model's HF processor; None loads it (:func:`load_processor`).
+    """
     from verl.utils import hf_tokenizer
 
     check_verl_version()
     settings = validate_config(config)
     train = InMemoryDataset(train_dataset, name="train_dataset")
     val = InMemoryDataset(val_dataset, name="val_dataset")
+    model_path = str(config.actor_rollout_ref.model.path)
+    if processor is None:
+        processor = load_processor(model_path)
     init_ray(config)
-    tokenizer = hf_tokenizer(str(config.actor_rollout_ref.model.path))
+    tokenizer = hf_tokenizer(model_path)
     trainer = AglRayPPOTrainer(
         config,
         tokenizer,
+        processor=processor,
         train_dataset=train,
         val_dataset=val,
         weight_pusher=weight_pusher or default_weight_pusher(config, settings.external_endpoints),

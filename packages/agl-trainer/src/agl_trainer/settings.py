@@ -76,8 +76,9 @@ class AglSettings:
         bound = 1 if self.max_staleness is None else self.max_staleness
         return (bound + 1) * train_batch_size
 
-    def adapter(self, tokenizer: Any) -> RolloutAdapter:
-        """The adapter these settings describe, padding with ``tokenizer``'s pad id (0 if none)."""
+    def adapter(self, tokenizer: Any, processor: Any | None = None) -> RolloutAdapter:
+        """The adapter these settings describe, padding with ``tokenizer``'s pad id (0 if none);
+        ``processor`` is the model's HF processor when it is a vision-language model."""
         return RolloutAdapter(
             max_prompt_length=self.max_prompt_length,
             max_response_length=self.max_response_length,
@@ -89,6 +90,7 @@ class AglSettings:
             artifact_sink=ZippedJsonlArtifacts(self.trajectories_dir) if self.trajectories_dir else None,
             max_train_trajectories=self.max_train_trajectories,
             require_routed_experts=self.routing_replay_key is not None,
+            processor=processor,
         )
 
     @property

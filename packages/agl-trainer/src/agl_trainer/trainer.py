@@ -53,6 +53,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
     ``agentlightning.external_servers.endpoints``, to which the publisher's ``weight_pusher`` gives the actor's
     weights after each update; or, with that list empty, verl's own vLLM replicas, which
     :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
+    ``processor`` is the model's HF processor (verl's ``hf_processor``; None for a text model): each
+    model call's images are then fetched with it and encoded into the batch.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         train_dataset: Any,
         val_dataset: Any,
         weight_pusher: WeightPusher | None = None,
+        processor: Any | None = None,
     ) -> None:
         self.settings: AglSettings = validate_config(config)
         self.correction = validate_rollout_correction(config)
@@ -73,6 +76,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         super().__init__(
             config=config,
             tokenizer=tokenizer,
+            processor=processor,
             role_worker_mapping={Role.ActorRollout: AglActorRefWorker},
             resource_pool_manager=None,  # type: ignore[arg-type]  (workers are built by build_policy_workers)
             ray_worker_group_cls=RayWorkerGroup,
@@ -87,7 +91,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
             gateway_model_name(config), self.endpoints, lambda: self.weight_version
         )
         top_up = BatchTopUp(lambda: iter(self.train_dataloader))
-        self.collection = Collection.from_config(config, self.settings, self.client, top_up, registrations)
+        self.collection = Collection.from_config(
+            config, self.settings, self.client, top_up, registrations, include_images=processor is not None
+        )
         self.collection.sync_manager.hooks.startup()
         self.publisher = Publisher(
             self.client,
@@ -96,7 +102,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             fully_async=self.settings.fully_async,
             drain=self.settings.drain,
         )
-        self.adapter = self.settings.adapter(tokenizer)
+        self.adapter = self.settings.adapter(tokenizer, processor)
         self.overlong = OverlongShaping.from_config(config, self.settings.max_response_length)
         self.advantages = Advantages(config, use_critic=self.use_critic)
         self._rng = np.random.default_rng(int(config.actor_rollout_ref.actor.get("data_loader_seed") or 0))
