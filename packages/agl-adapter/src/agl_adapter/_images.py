@@ -89,12 +89,58 @@ def processor_token_id(processor: Any, name: str) -> int | None:
     return converted if isinstance(converted, int) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class VisionBatch:
     """Per row: the vision tensors (None for a row without images) and, for mrope, (4, L) positions."""
 
     multi_modal_inputs: NDArray[np.object_]
     position_ids: torch.Tensor | None
+
+
+def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0, 1, ... on the row's tokens and 1 on padding: the text row of verl's mrope layout."""
+    valid = attention_mask.bool()
+    positions = torch.ones(len(attention_mask), dtype=torch.long)
+    positions[valid] = torch.arange(int(valid.sum()))
+    return positions
+
+
+@dataclass(frozen=True)
+class MropeIndex:
+    """A model's ``get_rope_index``, bound to its processor by verl's ``hf_processor``."""
+
+    rope_index: Callable[..., Any]
+    image_token: int | None
+    takes_type_ids: bool
+    """transformers >= 5.3 finds the images by ``mm_token_type_ids`` rather than by token id."""
+
+    @classmethod
+    def of(cls, processor: Any) -> MropeIndex | None:
+        rope_index = getattr(processor, "get_rope_index", None)
+        if rope_index is None:
+            return None
+        takes_type_ids = "mm_token_type_ids" in inspect.signature(rope_index).parameters
+        return cls(rope_index, processor_token_id(processor, "image"), takes_type_ids)
+
+    def positions(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(4, L): the text row over the model's three vision rows; a row without images (None) is
+        text on all four, as get_rope_index gives a text-only row."""
+        text = _text_positions(attention_mask)
+        if image_grid_thw is None:
+            return text.expand(4, -1).clone()
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids[None],
+            "attention_mask": attention_mask[None],
+            "image_grid_thw": image_grid_thw,
+            "video_grid_thw": None,
+        }
+        if self.takes_type_ids:
+            kwargs["mm_token_type_ids"] = ((input_ids == self.image_token) * _IMAGE_TYPE)[None]
+        result = self.rope_index(**kwargs)
+        vision = result[0] if isinstance(result, tuple) else result  # (3, 1, L)
+        return torch.cat([text[None], vision[:, 0, :].to(torch.long)])
 
 
 @dataclass
@@ -104,29 +150,25 @@ class VisionEncoder:
     processor: Any
     images: dict[str, Image] = field(default_factory=dict[str, Image])
 
-    @property
-    def rope_index(self) -> Callable[..., Any] | None:
-        return getattr(self.processor, "get_rope_index", None)
-
     def encode(
         self, rows: Sequence[TrainingRow], input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> VisionBatch:
         """The vision inputs of a batch whose padded ``input_ids``/``attention_mask`` are (N, L)."""
         image_token = processor_token_id(self.processor, "image")
+        mrope = MropeIndex.of(self.processor)
         inputs = np.empty(len(rows), dtype=object)
-        positions = [] if self.rope_index is not None else None
+        positions: list[torch.Tensor] = []
         for i, row in enumerate(rows):
-            valid = attention_mask[i].bool()
             row_inputs = None
             if row.image_urls and not row.is_drop:  # a cut prompt never trains: it stays text
                 row_inputs = self._inputs(row)
-                _check_placeholders(row, input_ids[i][valid], row_inputs, image_token, self.processor)
+                valid_ids = input_ids[i][attention_mask[i].bool()]
+                _check_placeholders(row, valid_ids, row_inputs, image_token, self.processor)
             inputs[i] = row_inputs
-            if positions is not None:
-                positions.append(
-                    self._mrope_positions(input_ids[i], attention_mask[i], row_inputs, image_token)
-                )
-        return VisionBatch(inputs, None if positions is None else torch.stack(positions))
+            if mrope is not None:
+                grid = None if row_inputs is None else row_inputs.get("image_grid_thw")
+                positions.append(mrope.positions(input_ids[i], attention_mask[i], grid))
+        return VisionBatch(inputs, torch.stack(positions) if mrope is not None else None)
 
     def _image(self, row: TrainingRow, url: str) -> Image:
         image = self.images.get(url)
@@ -152,32 +194,6 @@ class VisionEncoder:
             )
         return vision
 
-    def _mrope_positions(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        row_inputs: dict[str, torch.Tensor] | None,
-        image_token: int | None,
-    ) -> torch.Tensor:
-        valid = attention_mask.bool()
-        text = torch.ones(len(input_ids), dtype=torch.long)
-        text[valid] = torch.arange(int(valid.sum()))
-        if row_inputs is None:
-            return text.expand(4, -1).clone()
-        kwargs: dict[str, Any] = {
-            "input_ids": input_ids[None],
-            "attention_mask": attention_mask[None],
-            "image_grid_thw": row_inputs.get("image_grid_thw"),
-            "video_grid_thw": None,
-        }
-        rope_index = self.rope_index
-        assert rope_index is not None
-        if "mm_token_type_ids" in inspect.signature(rope_index).parameters:
-            kwargs["mm_token_type_ids"] = ((input_ids == image_token) * _IMAGE_TYPE)[None]
-        result = rope_index(**kwargs)
-        vision = result[0] if isinstance(result, tuple) else result  # (3, 1, L)
-        return torch.cat([text[None], vision[:, 0, :].to(torch.long)])
-
 
 def _check_placeholders(
     row: TrainingRow,
@@ -202,4 +218,11 @@ def _check_placeholders(
         )
 
 
-__all__ = ("MAX_REMOTE_IMAGE_BYTES", "VisionBatch", "VisionEncoder", "load_image", "processor_token_id")
+__all__ = (
+    "MAX_REMOTE_IMAGE_BYTES",
+    "MropeIndex",
+    "VisionBatch",
+    "VisionEncoder",
+    "load_image",
+    "processor_token_id",
+)
