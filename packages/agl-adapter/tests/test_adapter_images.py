@@ -54,6 +54,7 @@ def test_images_load_as_rgb_from_data_file_and_loopback_http_urls(tmp_path: Path
     urls = [
         "data:image/png;base64," + base64.b64encode(png).decode(),
         f"file://{tmp_path / 'red.png'}",
+        f"file://localhost{tmp_path / 'r%65d.png'}",
         f"{image_server}/red.png",
     ]
     for url in urls:

@@ -1,8 +1,9 @@
 """Rows with images through a real (tiny) Qwen2-VL processor: ``multi_modal_inputs`` and the (4, L)
-mrope ``position_ids``, exact, and every way images and tokens can disagree is an error."""
+mrope ``position_ids``, exact; a row whose images and tokens disagree never trains."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_adapter import AdapterBatch, InvalidImagesError, RolloutAdapter, load_image
+from agl_adapter import AdapterBatch, RolloutAdapter, load_image
 from agl_testing.requirements import import_optional
 from agl_testing.routes import succeeded_rollout
 from agl_types import Triplet
@@ -112,47 +113,70 @@ def test_a_merged_row_takes_its_last_calls_images_which_hold_every_image_of_the_
     ]
 
 
-def test_a_response_cut_through_an_image_is_an_error_naming_rollout_and_turn(processor: Any) -> None:
-    image = png_data_url(2, 2)
+def _assert_dropped(batch: AdapterBatch, metrics: dict[str, Any], row: int) -> None:
+    """Row ``row`` never trains, keeps no images and has plain positions on all four rows."""
+    assert batch.is_drop_mask[row]
+    assert batch.multi_modal_inputs is None or batch.multi_modal_inputs[row] is None
+    valid = batch.attention_mask[row].bool()
+    text = list(range(int(valid.sum())))
+    assert all(positions[valid].tolist() == text for positions in batch.position_ids[row])
+    assert metrics["training/n_image_rows_dropped"] == 1
+
+
+def test_a_response_cut_through_an_image_drops_the_row_with_a_warning_naming_rollout_and_turn(
+    processor: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     prompt = [5, 6]
     triplets = (
         Triplet(prompt_token_ids=prompt, response_token_ids=[7]),
         Triplet(
             prompt_token_ids=[*prompt, 7, *placeholder(processor, 2, 2)],
             response_token_ids=[8],
-            image_urls=[image],
+            image_urls=[png_data_url(2, 2)],
         ),
     )
-    with pytest.raises(
-        InvalidImagesError,
-        match=r"rollout 'r1' turn 1: the row holds 2 image placeholder tokens but its 1 image\(s\) expand to 4",
-    ):
-        _build(_adapter(processor, p=2, r=4, level="trajectory"), *triplets)
-
-
-def test_images_that_are_not_the_prompts_are_an_error(processor: Any) -> None:
-    prompt = [5, *placeholder(processor, 1, 1)]
-    triplet = Triplet(
-        prompt_token_ids=prompt,
-        response_token_ids=[7],
-        image_urls=[png_data_url(1, 1), png_data_url(1, 1, 3)],
+    with caplog.at_level(logging.WARNING, logger="agl_adapter"):
+        batch, metrics = _adapter(processor, p=2, r=4, level="trajectory").build_batch(
+            [succeeded_rollout(triplets)]
+        )
+    _assert_dropped(batch, metrics, 0)
+    assert (
+        "rollout 'r1' turn 1: row dropped: its tokens hold 2 image placeholder tokens, its 1 image(s) expand to 4"
+        in caplog.text
     )
-    with pytest.raises(
-        InvalidImagesError,
-        match=r"turn 0: the row holds 1 image placeholder tokens but its 2 image\(s\) expand to 2",
-    ):
-        _build(_adapter(processor, p=8, r=2), triplet)
 
 
-def test_an_image_that_does_not_load_is_an_error_naming_rollout_turn_and_url(
-    processor: Any, tmp_path: Path
+def test_images_that_are_not_the_prompts_drop_the_row(processor: Any) -> None:
+    prompt = [5, *placeholder(processor, 1, 1)]
+    urls = [png_data_url(1, 1), png_data_url(1, 1, 3)]
+    rollouts = [
+        succeeded_rollout([Triplet(prompt_token_ids=prompt, response_token_ids=[7], image_urls=urls)]),
+        succeeded_rollout([Triplet(prompt_token_ids=[4], response_token_ids=[7])], rollout_id="r2", sample=1),
+    ]
+    batch, metrics = _adapter(processor, p=8, r=2).build_batch(rollouts)
+    _assert_dropped(batch, metrics, 0)
+    assert not batch.is_drop_mask[1]
+
+
+def test_image_tokens_without_images_drop_the_row_even_in_a_batch_without_images(processor: Any) -> None:
+    triplet = Triplet(prompt_token_ids=[5, *placeholder(processor, 1, 1)], response_token_ids=[7])
+    batch, metrics = _adapter(processor, p=8, r=2).build_batch([succeeded_rollout([triplet])])
+    assert batch.multi_modal_inputs is None
+    assert batch.is_drop_mask.tolist() == [True]
+    assert metrics["training/n_image_rows_dropped"] == 1
+
+
+def test_an_image_that_does_not_load_drops_the_row_naming_rollout_turn_and_url(
+    processor: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     missing = f"file://{tmp_path / 'missing.png'}"
     triplet = Triplet(
         prompt_token_ids=[5, *placeholder(processor, 1, 1)], response_token_ids=[7], image_urls=[missing]
     )
-    with pytest.raises(InvalidImagesError, match=rf"rollout 'r1' turn 0: cannot load image '{missing}'"):
-        _build(_adapter(processor, p=8, r=2), triplet)
+    with caplog.at_level(logging.WARNING, logger="agl_adapter"):
+        batch, metrics = _adapter(processor, p=8, r=2).build_batch([succeeded_rollout([triplet])])
+    _assert_dropped(batch, metrics, 0)
+    assert f"rollout 'r1' turn 0: row dropped: cannot load image '{missing}'" in caplog.text
 
 
 def test_a_cut_prompt_keeps_no_images_and_plain_positions_as_it_never_trains(processor: Any) -> None:

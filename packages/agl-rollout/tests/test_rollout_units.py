@@ -15,7 +15,6 @@ from agl_rollout import (
     AsyncRolloutManager,
     BatchTopUp,
     HookRunner,
-    ImagePairingError,
     RetryPolicy,
     RolloutHooks,
     RolloutManagerConfig,
@@ -466,19 +465,32 @@ def test_request_image_urls_reads_image_parts_in_order_including_json_text_conte
     assert request_image_urls(None) == []
 
 
-def _timed(timestamp: float, urls: list[str]) -> Event:
+def _timed(timestamp: float, urls: list[str], prompt: list[int] | None = None) -> Event:
+    """A raw model_request event (its prompt ids in the response) or, with ``urls`` empty and
+    ``prompt`` given, the trimmed view of one."""
     parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
-    data = {"request": {"messages": [{"role": "user", "content": parts}]}}
+    data: dict[str, Any] = {
+        "request": {"messages": [{"role": "user", "content": parts}]},
+        "response": {"prompt_token_ids": prompt or [1], "choices": [{"token_ids": [2]}]},
+    }
     return Event(event_type="model_request", rollout_id="r", attempt_id="0", timestamp=timestamp, data=data)
 
 
-def test_image_urls_pair_each_trimmed_call_with_the_raw_call_of_its_timestamp() -> None:
-    raw = [_timed(1.0, ["a"]), _timed(2.0, ["b"]), _timed(3.0, [])]
-    trimmed = [_timed(2.0, []), _event("reward", {"value": 1.0}), _timed(3.0, [])]
-    assert image_urls_per_call(trimmed, raw) == [["b"], []]
+def _trimmed(timestamp: float, prompt: list[int]) -> Event:
+    data = {"prompt_token_ids": prompt, "response_token_ids": [2]}
+    return Event(event_type="model_request", rollout_id="r", attempt_id="0", timestamp=timestamp, data=data)
 
 
-def test_a_trimmed_call_without_a_raw_partner_is_an_error_naming_rollout_and_call() -> None:
-    with pytest.raises(ImagePairingError, match=r"rollout 'r': model call 1 .* no raw model_request") as err:
-        image_urls_per_call([_timed(1.0, []), _timed(9.0, [])], [_timed(1.0, ["a"]), _timed(2.0, ["b"])])
-    assert (err.value.rollout_id, err.value.call_index) == ("r", 1)
+def test_image_urls_pair_each_trimmed_call_with_the_raw_call_of_its_timestamp_and_prompt() -> None:
+    raw = [_timed(1.0, ["a"]), _timed(2.0, ["b"], [7]), _timed(2.0, ["c"], [8]), _timed(3.0, [])]
+    trimmed = [_trimmed(2.0, [8]), _event("reward", {"value": 1.0}), _trimmed(3.0, [1])]
+    assert image_urls_per_call(trimmed, raw) == [["c"], []]
+
+
+def test_a_trimmed_call_without_a_raw_partner_leaves_the_rollouts_images_out_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raw = [_timed(1.0, ["a"]), _timed(2.0, ["b"])]
+    with caplog.at_level(logging.WARNING, logger="agl_rollout.images"):
+        assert image_urls_per_call([_trimmed(1.0, [1]), _trimmed(9.0, [1])], raw) is None
+    assert "rollout r: model call 1 of the triplet view has no raw model_request event" in caplog.text

@@ -6,9 +6,9 @@ vision tensors the model's forward takes (``pixel_values``, ``image_grid_thw``, 
 models (Qwen2/2.5/3-VL: the processor has verl's bound ``get_rope_index``) every row gets (4, L)
 position ids, a text row over three vision rows, which is how verl's engine recognises mrope.
 
-Before any tensor is built, the row's image placeholder tokens are counted against what its images
-need, so images are never trained under the wrong tokens: a mismatch is an InvalidImagesError
-naming the rollout and the turn.
+The row's image placeholder tokens are counted against what its images expand to, so images are
+never trained under the wrong tokens: a row where they disagree is dropped (``is_drop``) with a
+warning naming the rollout and the turn, rather than stopping the run for one rollout.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import base64
 import binascii
 import inspect
 import io
+import logging
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from agl_adapter._rows import TrainingRow
 
 Image = PIL.Image.Image
+logger = logging.getLogger("agl_adapter")
 
 MAX_REMOTE_IMAGE_BYTES = 50 * 1024 * 1024
 REMOTE_IMAGE_TIMEOUT_S = 60.0
@@ -70,7 +73,7 @@ def load_image(url: str) -> Image:
         except binascii.Error as exc:
             raise ValueError(f"the data URL is not base64 ({exc})") from exc
     if url.startswith("file://"):
-        return _open(Path(url.removeprefix("file://")).read_bytes())
+        return _open(Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)).read_bytes())
     if url.startswith(("http://", "https://")):
         return _open(_fetch(url))
     raise ValueError("only data:, file:// and http(s):// image URLs are supported")
@@ -89,12 +92,18 @@ def processor_token_id(processor: Any, name: str) -> int | None:
     return converted if isinstance(converted, int) else None
 
 
+class UnusableImagesError(ValueError):
+    """A row's images cannot be trained on (see :meth:`VisionEncoder.encode`); the row is dropped."""
+
+
 @dataclass(frozen=True)
 class VisionBatch:
-    """Per row: the vision tensors (None for a row without images) and, for mrope, (4, L) positions."""
+    """What a batch's images add: per row the vision tensors (None: a row without images) when any row
+    has images; (N, 4, L) positions for an mrope model then; the rows dropped for their images."""
 
-    multi_modal_inputs: NDArray[np.object_]
+    multi_modal_inputs: NDArray[np.object_] | None
     position_ids: torch.Tensor | None
+    dropped: tuple[int, ...]
 
 
 def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -115,12 +124,12 @@ class MropeIndex:
     """transformers >= 5.3 finds the images by ``mm_token_type_ids`` rather than by token id."""
 
     @classmethod
-    def of(cls, processor: Any) -> MropeIndex | None:
+    def of(cls, processor: Any, image_token: int | None) -> MropeIndex | None:
         rope_index = getattr(processor, "get_rope_index", None)
         if rope_index is None:
             return None
         takes_type_ids = "mm_token_type_ids" in inspect.signature(rope_index).parameters
-        return cls(rope_index, processor_token_id(processor, "image"), takes_type_ids)
+        return cls(rope_index, image_token, takes_type_ids)
 
     def positions(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
@@ -137,7 +146,10 @@ class MropeIndex:
             "video_grid_thw": None,
         }
         if self.takes_type_ids:
-            kwargs["mm_token_type_ids"] = ((input_ids == self.image_token) * _IMAGE_TYPE)[None]
+            is_image = (
+                input_ids == self.image_token if self.image_token is not None else torch.zeros_like(input_ids)
+            )
+            kwargs["mm_token_type_ids"] = (is_image.long() * _IMAGE_TYPE)[None]
         result = self.rope_index(**kwargs)
         vision = result[0] if isinstance(result, tuple) else result  # (3, 1, L)
         return torch.cat([text[None], vision[:, 0, :].to(torch.long)])
@@ -153,74 +165,89 @@ class VisionEncoder:
     def encode(
         self, rows: Sequence[TrainingRow], input_ids: torch.Tensor, attention_mask: torch.Tensor
     ) -> VisionBatch:
-        """The vision inputs of a batch whose padded ``input_ids``/``attention_mask`` are (N, L)."""
-        image_token = processor_token_id(self.processor, "image")
-        mrope = MropeIndex.of(self.processor)
-        inputs = np.empty(len(rows), dtype=object)
-        positions: list[torch.Tensor] = []
-        for i, row in enumerate(rows):
-            row_inputs = None
-            if row.image_urls and not row.is_drop:  # a cut prompt never trains: it stays text
-                row_inputs = self._inputs(row)
-                valid_ids = input_ids[i][attention_mask[i].bool()]
-                _check_placeholders(row, valid_ids, row_inputs, image_token, self.processor)
-            inputs[i] = row_inputs
-            if mrope is not None:
-                grid = None if row_inputs is None else row_inputs.get("image_grid_thw")
-                positions.append(mrope.positions(input_ids[i], attention_mask[i], grid))
-        return VisionBatch(inputs, torch.stack(positions) if mrope is not None else None)
+        """The vision inputs of a batch whose padded ``input_ids``/``attention_mask`` are (N, L).
 
-    def _image(self, row: TrainingRow, url: str) -> Image:
+        A row that would train images under the wrong tokens is dropped, with a warning naming the
+        rollout, the turn and why: an image that does not load, or image placeholder tokens that are
+        not what the row's images expand to (a response cut through an image, images missing from
+        the row, a processor configured otherwise than the server's). A row whose prompt was cut
+        never trains (``is_drop``) and is left as text, as the reference does.
+        """
+        image_token = processor_token_id(self.processor, "image")
+        found = (input_ids == image_token).sum(-1).tolist() if image_token is not None else None
+        has_images = any(row.image_urls for row in rows)
+        inputs = np.full(len(rows), None, dtype=object)
+        dropped: list[int] = []
+        for i, row in enumerate(rows):
+            if row.is_drop:
+                continue
+            try:
+                inputs[i] = self._inputs(row) if row.image_urls else None
+                self._check_placeholders(row, inputs[i], None if found is None else found[i])
+            except UnusableImagesError as exc:
+                logger.warning("rollout %r turn %d: row dropped: %s", row.rollout_id, row.images_turn, exc)
+                inputs[i] = None
+                dropped.append(i)
+        mrope = MropeIndex.of(self.processor, image_token) if has_images else None
+        positions = None
+        if mrope is not None:
+            grids = [
+                None if row_inputs is None else row_inputs.get("image_grid_thw") for row_inputs in inputs
+            ]
+            positions = torch.stack(
+                [mrope.positions(input_ids[i], attention_mask[i], grid) for i, grid in enumerate(grids)]
+            )
+        return VisionBatch(inputs if has_images else None, positions, tuple(dropped))
+
+    def _image(self, url: str) -> Image:
         image = self.images.get(url)
         if image is None:
             try:
                 image = load_image(url)
-            except (OSError, ValueError) as exc:
-                raise InvalidImagesError(
-                    f"rollout {row.rollout_id!r} turn {row.images_turn}: cannot load image {_short(url)!r}: {exc}"
-                ) from exc
+            except (OSError, ValueError, PIL.Image.DecompressionBombError) as exc:
+                raise UnusableImagesError(f"cannot load image {_short(url)!r}: {exc}") from exc
             self.images[url] = image
         return image
 
     def _inputs(self, row: TrainingRow) -> dict[str, torch.Tensor]:
-        images = [self._image(row, url) for url in row.image_urls or ()]
+        images = [self._image(url) for url in row.image_urls or ()]
         outputs = self.processor(text=["dummy"], images=images, return_tensors="pt")
         vision = {key: value for key, value in dict(outputs).items() if key not in _TEXT_KEYS}
         if not vision:
             raise InvalidImagesError(
                 f"rollout {row.rollout_id!r} turn {row.images_turn}: the processor "
                 f"{type(self.processor).__name__} returned no vision tensors for {len(images)} image(s) "
-                f"(keys: {sorted(dict(outputs))})"
+                f"(keys: {sorted(dict(outputs))}): it is not a vision-language model's processor"
             )
         return vision
 
-
-def _check_placeholders(
-    row: TrainingRow,
-    tokens: torch.Tensor,
-    row_inputs: dict[str, torch.Tensor],
-    image_token: int | None,
-    processor: Any,
-) -> None:
-    """The row's image placeholder tokens must be exactly what its images expand to."""
-    grid = row_inputs.get("image_grid_thw")
-    merge_size = getattr(getattr(processor, "image_processor", None), "merge_size", None)
-    if image_token is None or grid is None or merge_size is None:
-        return  # a processor without Qwen-VL grids: its model checks the count itself
-    expected = int(grid.prod(-1).sum()) // int(merge_size) ** 2
-    found = int((tokens == image_token).sum())
-    if found != expected:
-        n_images = len(row.image_urls or ())
-        raise InvalidImagesError(
-            f"rollout {row.rollout_id!r} turn {row.images_turn}: the row holds {found} image placeholder "
-            f"tokens but its {n_images} image(s) expand to {expected}: a response cut at "
-            "max_response_length split an image, or the call's images do not belong to its prompt"
-        )
+    def _check_placeholders(
+        self, row: TrainingRow, row_inputs: dict[str, torch.Tensor] | None, found: int | None
+    ) -> None:
+        """The row's image placeholder tokens must be exactly what its images expand to (none
+        without images); a processor without Qwen-VL grids leaves the count to its model."""
+        if found is None:
+            return
+        expected = 0
+        if row_inputs is not None:
+            grid = row_inputs.get("image_grid_thw")
+            merge_size = getattr(getattr(self.processor, "image_processor", None), "merge_size", None)
+            if grid is None or merge_size is None:
+                return
+            expected = int(grid.prod(-1).sum()) // int(merge_size) ** 2
+        if found != expected:
+            n_images = len(row.image_urls or ())
+            raise UnusableImagesError(
+                f"its tokens hold {found} image placeholder tokens, its {n_images} image(s) expand to "
+                f"{expected}: a response cut at max_response_length through an image, images missing "
+                "from the call's request, or a processor with other image sizes than the server's"
+            )
 
 
 __all__ = (
     "MAX_REMOTE_IMAGE_BYTES",
     "MropeIndex",
+    "UnusableImagesError",
     "VisionBatch",
     "VisionEncoder",
     "load_image",

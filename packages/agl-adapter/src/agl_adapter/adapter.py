@@ -62,6 +62,7 @@ class _StepCounts:
     n_empty_response_triplets: int = 0
     n_unmerged: int = 0
     n_prefix_breaks: int = 0
+    n_image_rows_dropped: int = 0
 
 
 def _positive(name: str, value: int) -> int:
@@ -97,9 +98,10 @@ class RolloutAdapter:
     ``routed_experts`` only when every row has routes.
     ``processor``: the model's HF processor (verl's ``hf_processor``), for triplets with
     ``image_urls``: rows with images then carry ``multi_modal_inputs``, and with an mrope model
-    (Qwen2/2.5/3-VL) the batch's ``position_ids`` are (N, 4, P+R). A row with images and no
-    processor, an image that does not load, or placeholder tokens its images do not fill is an
-    InvalidImagesError naming the rollout and the turn.
+    (Qwen2/2.5/3-VL) the batch's ``position_ids`` are (N, 4, P+R). A row whose image placeholder
+    tokens are not what its images expand to, or whose image does not load, is dropped with a
+    warning naming the rollout and turn (``training/n_image_rows_dropped``); a row with images and
+    no processor is an InvalidImagesError.
     """
 
     def __init__(
@@ -219,6 +221,7 @@ class RolloutAdapter:
             require_routed_experts=self.require_routed_experts,
             vision=vision,
         )
+        counts.n_image_rows_dropped = int(batch.is_drop_mask.sum()) - sum(row.is_drop for row in rows)
         if self.device.type != "cpu":
             batch = batch.to(self.device)
         return batch, self._train_metrics(counts, rewards, turn_lengths, len(rows))
@@ -376,6 +379,8 @@ class RolloutAdapter:
             "response_length/training/max_by_turn": max(turn_lengths),
             "response_length/training/min_by_turn": min(turn_lengths),
         }
+        if self.processor is not None:
+            metrics["training/n_image_rows_dropped"] = counts.n_image_rows_dropped
         if self.is_trajectory:
             metrics["training/n_unmerged_rollouts"] = counts.n_unmerged
             metrics["training/n_trace_merge_mismatch_rows"] = counts.n_prefix_breaks
@@ -383,7 +388,7 @@ class RolloutAdapter:
 
 
 def _refuse_images_without_processor(rows: Sequence[TrainingRow]) -> None:
-    row = next((row for row in rows if row.image_urls), None)
+    row = next((row for row in rows if row.image_urls and not row.is_drop), None)
     if row is not None:
         raise InvalidImagesError(
             f"rollout {row.rollout_id!r} turn {row.images_turn} has {len(row.image_urls or ())} image(s) but "

@@ -38,7 +38,7 @@ class AdapterBatch:
     tokens and tool observations); ``input_ids``, ``attention_mask`` (N, P+R) long; ``position_ids``
     (N, P+R) long, or (N, 4, P+R) for an mrope vision-language model when a row has images (a text
     row over its three vision rows);
-    ``response_mask`` (N, R) long, 1 = model token; ``is_drop_mask`` (N,) bool, prompt overflow;
+    ``response_mask`` (N, R) long, 1 = model token; ``is_drop_mask`` (N,) bool, prompt overflow or images that cannot be trained on;
     ``token_level_scores`` (N, R) float32, the row reward on its last response token;
     ``rollout_log_probs`` (N, R) float32 or None unless every row has log-probs;
     ``response_weight_versions`` (N, R) long, the weight version that produced each response token
@@ -124,11 +124,12 @@ def assemble_batch(
 ) -> AdapterBatch:
     """Pad rows into the batch tensors; one numpy copy per row and array, no per-token Python work.
 
-    ``require_routed_experts`` makes a row without MoE routes an InvalidRoutesError instead of a
-    batch without ``routed_experts``. ``vision`` encodes the rows' images when any row has some.
+        ``require_routed_experts`` makes a row without MoE routes an InvalidRoutesError instead of a
+        batch without ``routed_experts``. ``vision``, the processor of a vision-language model, encodes the
+    rows' images and drops rows whose images and tokens disagree.
 
-    ``position_ids`` is computed in closed form, ``clip(col - first_valid_col, 0, n_valid - 1)``,
-    which equals verl's ``clamp(cumsum(attention_mask) - 1, min=0)`` for a contiguous mask.
+        ``position_ids`` is computed in closed form, ``clip(col - first_valid_col, 0, n_valid - 1)``,
+        which equals verl's ``clamp(cumsum(attention_mask) - 1, min=0)`` for a contiguous mask.
     """
     n, p, r = len(rows), max_prompt_length, max_response_length
     input_ids = np.full((n, p + r), pad_token_id, dtype=np.int64)
@@ -163,9 +164,11 @@ def assemble_batch(
     spans = np.array([row.version_span() for row in rows], dtype=np.int64).reshape(n, 2)
     input_ids_t, attention_mask_t = torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
     position_ids_t, multi_modal_inputs = torch.from_numpy(position_ids), None
-    if vision is not None and any(row.image_urls for row in rows):
+    is_drop = np.array([row.is_drop for row in rows], dtype=np.bool_)
+    if vision is not None:
         encoded = vision.encode(rows, input_ids_t, attention_mask_t)
         multi_modal_inputs = encoded.multi_modal_inputs
+        is_drop[list(encoded.dropped)] = True
         if encoded.position_ids is not None:
             position_ids_t = encoded.position_ids
     return AdapterBatch(
@@ -175,7 +178,7 @@ def assemble_batch(
         attention_mask=attention_mask_t,
         position_ids=position_ids_t,
         response_mask=torch.from_numpy(response_mask),
-        is_drop_mask=torch.from_numpy(np.array([row.is_drop for row in rows], dtype=np.bool_)),
+        is_drop_mask=torch.from_numpy(is_drop),
         token_level_scores=torch.from_numpy(scores),
         rollout_log_probs=None if log_probs is None else torch.from_numpy(log_probs),
         response_weight_versions=torch.from_numpy(versions),

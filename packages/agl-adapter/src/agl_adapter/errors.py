@@ -19,9 +19,9 @@ class InvalidRoutesError(ValueError):
 
 
 class InvalidImagesError(ValueError):
-    """A row's images cannot be trained on: one does not load, the adapter has no processor, or the
-    row's image placeholder tokens do not match what its images expand to. The message names the
-    rollout and the turn the images come from."""
+    """Rollouts carry images the adapter cannot encode at all: it has no processor, or the processor
+    gives no vision tensors. The message names the rollout and the turn the images come from.
+    (A single row whose images cannot be trained on is dropped instead, with a warning.)"""
 
 
 class EmptyBatchError(RuntimeError):

@@ -15,7 +15,6 @@ from agl_rollout.errors import (
     AglHTTPError,
     AglServerError,
     AglUnavailableError,
-    ImagePairingError,
     RolloutsLostError,
 )
 from agl_rollout.gateway import model_registrations, pause_and_drain
@@ -40,7 +39,6 @@ __all__ = (
     "AglHTTPError",
     "AglUnavailableError",
     "RolloutsLostError",
-    "ImagePairingError",
     # managers
     "RolloutManagerConfig",
     "SyncRolloutManager",

@@ -38,18 +38,4 @@ class RolloutsLostError(AglServerError):
         )
 
 
-class ImagePairingError(AglServerError):
-    """A call of agl-server's triplet view has no raw event with its timestamp, so its images are unknown."""
-
-    def __init__(self, rollout_id: str, call_index: int) -> None:
-        self.rollout_id = rollout_id
-        self.call_index = call_index
-        super().__init__(
-            f"rollout {rollout_id!r}: model call {call_index} of the triplet view has no raw model_request "
-            "event with its timestamp, so its images cannot be paired with its tokens. The server's two "
-            "event views disagree: check that agl-server is agentlightning >= 1.0 and that nothing edits "
-            "the rollout's events while the trainer reads them."
-        )
-
-
-__all__ = ("AglHTTPError", "AglServerError", "AglUnavailableError", "ImagePairingError", "RolloutsLostError")
+__all__ = ("AglHTTPError", "AglServerError", "AglUnavailableError", "RolloutsLostError")

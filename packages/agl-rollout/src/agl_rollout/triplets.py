@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from agl_rollout.convert import as_reward
+from agl_rollout.images import MODEL_REQUEST
 from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, Triplet, TripletModelRequestData
 
 logger = logging.getLogger("agl_rollout.triplets")
@@ -48,18 +49,21 @@ def extract_triplets(
 ) -> TripletExtraction:
     """Build the triplets of one rollout from its ``format=triplet`` events.
 
-    ``image_urls``, when given, holds each ``model_request``'s images (see
-    :func:`agl_rollout.images.image_urls_per_call`). Every valid ``model_request`` becomes a Triplet; the last ``reward`` event with a finite
+    Every valid ``model_request`` becomes a Triplet; the last ``reward`` event with a finite
     numeric ``value`` is the final reward and is also set on the last triplet. Invalid events
     are skipped and counted. Unlike the reference, an invalid later reward does not hide an
-    earlier valid one.
+    earlier valid one. ``image_urls``, when given, holds each ``model_request``'s images, one list
+    per call (:func:`agl_rollout.images.image_urls_per_call`).
     """
+    calls = [event for event in events if event.event_type == MODEL_REQUEST]
+    if image_urls is not None and len(image_urls) != len(calls):
+        raise ValueError(f"image_urls has {len(image_urls)} lists for {len(calls)} model_request events")
     triplets: list[Triplet] = []
     final_reward: float | None = None
     n_invalid = 0
     n_calls = 0
     for event in events:
-        if event.event_type == "model_request":
+        if event.event_type == MODEL_REQUEST:
             triplet = _triplet(event, None if image_urls is None else image_urls[n_calls])
             n_calls += 1
             if triplet is None:
