@@ -46,7 +46,6 @@ def test_fully_async_shortcuts_map_onto_their_keys_and_tool_latency_onto_the_toy
     assert args.overrides == (
         "agentlightning.async_rollout.enabled=false",
         "agentlightning.fully_async.enabled=true",
-        "algorithm.rollout_correction.bypass_mode=true",
         "agentlightning.fully_async.max_staleness=0",
     )
     assert args.tool_latency == ToolLatency(0.5, 6.0)

@@ -59,8 +59,8 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
   level=LEVEL          same as --level       (agentlightning.trace_aggregator.level=LEVEL)
   mode=sync|async|fully-async
                        same as --sync/--async/--fully-async (agentlightning.async_rollout.enabled,
-                       agentlightning.fully_async.enabled; fully-async also sets
-                       algorithm.rollout_correction.bypass_mode=true, verl's fully-async recipe)
+                       agentlightning.fully_async.enabled; the actor recomputes the old
+                       log-probs, so PPO clips around the current policy: decoupled PPO)
   max_staleness=K      same as --max-staleness (agentlightning.fully_async.max_staleness; 0 = on-policy)
   tool_latency=M:P99   same as --tool-latency: each toy-task tool call waits a lognormal time with
                        median M and 99th percentile P99 seconds (embedded default only; off by default)
@@ -127,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="mode",
         action="store_const",
         const="fully-async",
-        help="agents keep running while the actor updates (staleness-bounded; needs external servers); "
-        "with algorithm.rollout_correction.bypass_mode=true, as verl's fully-async recipe",
+        help="agents keep running while the actor updates (staleness-bounded; needs external servers)",
     )
     mode.add_argument(
         "--sync", dest="mode", action="store_const", const="sync", help="sync rollouts (the default)"
@@ -169,10 +168,6 @@ def parse_args(argv: Sequence[str]) -> CliArgs:
     if args.mode is not None:
         overrides.append(f"agentlightning.async_rollout.enabled={str(args.mode == 'async').lower()}")
         overrides.append(f"agentlightning.fully_async.enabled={str(args.mode == 'fully-async').lower()}")
-        if args.mode == "fully-async":
-            # verl's fully-async recipe: the rollout log-probs are the old log-probs (PPO's ratio is
-            # then against the policy that sampled), and the recompute is skipped.
-            overrides.append("algorithm.rollout_correction.bypass_mode=true")
     if args.max_staleness is not None:
         overrides.append(f"agentlightning.fully_async.max_staleness={args.max_staleness}")
     return CliArgs(
