@@ -88,6 +88,11 @@ _TASK_OVERRIDES: tuple[str, ...] = (
 )
 
 DEMO_OVERRIDES: tuple[str, ...] = (*CPU_MODE_OVERRIDES, *_TASK_OVERRIDES)
+
+TRAIN_SAMPLES = 64
+VAL_SAMPLES = 32
+"""Validation (off unless ``trainer.test_freq`` is set) runs 32 rollouts, not 4: comparing two runs'
+final weights (``benchmarks/bench_async.py``) needs the smaller standard error (by sqrt(8))."""
 """The embedded default on CPU, with a CPU vLLM server the trainer pushes weights to."""
 
 GPU_OVERRIDES: tuple[str, ...] = (
@@ -235,7 +240,7 @@ def run_embedded_default(
                 **toy_env_map(model, tool_latency),
                 **config.agentlightning.local.env_map,
             }
-        run_ppo(with_file_logger(config), toy.samples(64), toy.samples(4))
+        run_ppo(with_file_logger(config), toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
     png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
     summary = _local_agents_line(local) if local is not None else controller_line
     trajectories = config.agentlightning.trajectories.dir
