@@ -155,34 +155,42 @@ def _call_log_probs(processor: Any, rollout: CompletedRollout) -> torch.Tensor:
     return picked[:, 0]
 
 
+@pytest.fixture(scope="module")
+def image_batch(processor: Any) -> DataProto:
+    proto, _ = _adapter(processor).get_train_data_batch(_calls(processor))
+    assert isinstance(proto, DataProto)
+    return proto
+
+
+@pytest.fixture(scope="module")
+def initial_log_probs(vl_policy: PolicyWorkers, image_batch: DataProto) -> DataProto:
+    """The actor's log-probs before any update: every test that updates the shared actor asks for
+    them first, so they hold whatever order the tests run in."""
+    return vl_policy.compute_log_prob(image_batch)
+
+
 @pytest.mark.slow
 def test_verls_actor_gives_image_rows_the_log_probs_of_the_calls_they_record(
-    processor: Any, vl_policy: PolicyWorkers
+    processor: Any, initial_log_probs: DataProto
 ) -> None:
-    rollouts = _calls(processor)
-    proto, _ = _adapter(processor).get_train_data_batch(rollouts)
-    assert isinstance(proto, DataProto)
-    log_probs = vl_policy.compute_log_prob(proto).batch["old_log_probs"]
-    for row, rollout in enumerate(rollouts):
+    log_probs = initial_log_probs.batch["old_log_probs"]
+    for row, rollout in enumerate(_calls(processor)):
         expected = _call_log_probs(processor, rollout)
         torch.testing.assert_close(log_probs[row, : len(expected)], expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
 def test_an_update_on_image_rows_trains_with_the_exact_first_step_loss(
-    processor: Any, vl_policy: PolicyWorkers
+    vl_policy: PolicyWorkers, image_batch: DataProto, initial_log_probs: DataProto
 ) -> None:
-    proto, _ = _adapter(processor).get_train_data_batch(_calls(processor))
-    assert isinstance(proto, DataProto)
-    before = vl_policy.compute_log_prob(proto)
-    batch = proto.union(before)
+    batch = image_batch.union(initial_log_probs)
     batch.batch["advantages"] = torch.tensor(ADVANTAGES)[:, None] * batch.batch["response_mask"]
     batch.batch["rollout_index"] = torch.arange(len(ADVANTAGES))
     metrics = vl_policy.update_actor(batch)
     # Ratio 1 at the first update: the token-sum loss is -sum(A) over valid tokens, 3 + 4 * 0.5 - 2 = 3.
     assert metrics["actor/pg_loss"] == [pytest.approx(-3.0, abs=1e-5)]
-    after = vl_policy.compute_log_prob(proto).batch["old_log_probs"]
-    changed = (after - before.batch["old_log_probs"]).abs() * proto.batch["response_mask"]
+    after = vl_policy.compute_log_prob(image_batch).batch["old_log_probs"]
+    changed = (after - initial_log_probs.batch["old_log_probs"]).abs() * image_batch.batch["response_mask"]
     assert (changed.amax(dim=-1) > 1e-4).all()
 
 
