@@ -51,6 +51,18 @@ def _calls(processor: Any) -> list[CompletedRollout]:
     return [succeeded_rollout([call], rollout_id=f"r{k}", sample=k) for k, call in enumerate(calls)]
 
 
+def _call_inputs(processor: Any, rollout: CompletedRollout) -> dict[str, Any]:
+    """The model inputs of a rollout's one recorded call, as the processor gives them (no positions:
+    the model computes its own rope index)."""
+    call = rollout.triplets[0]
+    ids = torch.tensor([[*call.prompt_token_ids, *call.response_token_ids]])
+    inputs: dict[str, Any] = {"input_ids": ids, "mm_token_type_ids": (ids == processor.image_token_id).long()}
+    if call.image_urls:
+        images = [load_image(url) for url in call.image_urls]
+        inputs |= processor.image_processor(images=images, return_tensors="pt")
+    return inputs
+
+
 def _adapter(processor: Any) -> RolloutAdapter:
     return RolloutAdapter(
         max_prompt_length=PROMPT_LEN,
@@ -87,13 +99,7 @@ def test_an_adapter_row_gives_the_model_the_same_forward_as_the_call_it_records(
     batch, _ = _adapter(processor).build_batch(rollouts)
     assert batch.multi_modal_inputs is not None
     for row, rollout in enumerate(rollouts):
-        call = rollout.triplets[0]
-        ids = torch.tensor([[*call.prompt_token_ids, *call.response_token_ids]])
-        own: dict[str, Any] = {"mm_token_type_ids": (ids == processor.image_token_id).long()}
-        if call.image_urls:
-            images = [load_image(url) for url in call.image_urls]
-            own |= processor.image_processor(images=images, return_tensors="pt")
-        expected = model(input_ids=ids, **own).logits
+        expected = model(**_call_inputs(processor, rollout)).logits
         mask = batch.attention_mask[row].bool()
         actual = model(
             input_ids=batch.input_ids[row][mask][None],
@@ -146,11 +152,9 @@ def vl_policy(vl_model_path: Path, ray_cluster: None) -> Iterator[PolicyWorkers]
 def _call_log_probs(processor: Any, rollout: CompletedRollout) -> torch.Tensor:
     """The tiny model's log-probs of a call's response tokens, from the call's own processor inputs."""
     call = rollout.triplets[0]
-    ids = torch.tensor([[*call.prompt_token_ids, *call.response_token_ids]])
-    own: dict[str, Any] = {"mm_token_type_ids": (ids == processor.image_token_id).long()}
-    if call.image_urls:
-        own |= processor.image_processor(images=[load_image(u) for u in call.image_urls], return_tensors="pt")
-    logits = tiny_vl_model(processor)(input_ids=ids, **own).logits[0, len(call.prompt_token_ids) - 1 : -1]
+    logits = tiny_vl_model(processor)(**_call_inputs(processor, rollout)).logits[
+        0, len(call.prompt_token_ids) - 1 : -1
+    ]
     picked = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(call.response_token_ids)[:, None])
     return picked[:, 0]
 
