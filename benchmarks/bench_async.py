@@ -6,7 +6,10 @@ the trained samples per second (``training/n_sample_trained`` of steps 2..N over
 from the end of step 1 to the end of step N), the training reward (mean ``training/reward`` of the
 last three steps: fully async samples those with weights up to K versions old) and the validation
 reward of the final weights (``val/reward`` after step N, outside the timed window), with ratios
-against sync measured in the same run.
+against sync measured in the same run. Two more columns say where a step's time went (means over
+steps 2..N): waiting for rollouts (``timing_s/gen``) and training (``timing_s/old_log_prob`` plus
+``timing_s/update_actor``); on a machine where vLLM and the actor share the cores, the second grows
+when collection overlaps it.
 
     uv run --no-sync python benchmarks/bench_async.py [--steps 20] [--tool-latency 0.5:6]
 
@@ -37,6 +40,8 @@ class Result:
     val_reward: float
     wall_s: float
     mean_staleness: float | None
+    wait_s_per_step: float
+    train_s_per_step: float
 
 
 def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path:
@@ -62,6 +67,9 @@ def summarise(mode: str, metrics_file: Path) -> Result:
     wall = ends[-1] - ends[0]
     trained = sum(d["training/n_sample_trained"] for d in data[1:])
     rewards = [d["training/reward"] for d in data[-3:]]
+    timed = data[1:]
+    wait = [d.get("timing_s/gen", 0.0) for d in timed]
+    train = [d.get("timing_s/old_log_prob", 0.0) + d.get("timing_s/update_actor", 0.0) for d in timed]
     stale = [d["training/async/staleness_mean"] for d in data if "training/async/staleness_mean" in d]
     if "val/reward" not in data[-1]:
         raise SystemExit(f"bench_async: the {mode} run did not validate its final weights ({metrics_file})")
@@ -72,6 +80,8 @@ def summarise(mode: str, metrics_file: Path) -> Result:
         val_reward=float(data[-1]["val/reward"]),
         wall_s=wall,
         mean_staleness=sum(stale) / len(stale) if stale else None,
+        wait_s_per_step=sum(wait) / len(wait),
+        train_s_per_step=sum(train) / len(train),
     )
 
 
@@ -87,14 +97,15 @@ def main() -> None:
     base = results[0]
     print(
         f"\n{'mode':<12} {'samples/s':>10} {'x sync':>7} {'train reward':>13} {'- sync':>7} "
-        f"{'val reward':>11} {'- sync':>7} {'staleness':>10}"
+        f"{'val reward':>11} {'- sync':>7} {'staleness':>10} {'wait s/step':>12} {'train s/step':>13}"
     )
     for r in results:
         staleness = "-" if r.mean_staleness is None else f"{r.mean_staleness:.2f}"
         print(
             f"{r.mode:<12} {r.samples_per_s:>10.2f} {r.samples_per_s / base.samples_per_s:>7.2f} "
             f"{r.final_reward:>13.3f} {r.final_reward - base.final_reward:>+7.3f} "
-            f"{r.val_reward:>11.3f} {r.val_reward - base.val_reward:>+7.3f} {staleness:>10}"
+            f"{r.val_reward:>11.3f} {r.val_reward - base.val_reward:>+7.3f} {staleness:>10} "
+            f"{r.wait_s_per_step:>12.2f} {r.train_s_per_step:>13.2f}"
         )
     fully = results[-1]
     speedup = fully.samples_per_s / base.samples_per_s
