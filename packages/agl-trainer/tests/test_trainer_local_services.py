@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agl_trainer.local import ProcessStartError, agl_server_argv, start_agl_server, vllm_argv, vllm_env
+from agl_trainer.local.services import VLLM_CHILD_PATH
 
 
 def test_agl_server_argv_passes_hydra_overrides() -> None:
@@ -29,12 +30,12 @@ def test_agl_server_argv_refuses_values_hydra_would_misparse(bad: str) -> None:
         agl_server_argv(Path("python"), port=1, key="k", model_name=bad)
 
 
-def test_vllm_argv_is_eager_float32_openai_server() -> None:
+def test_vllm_argv_is_eager_float32_openai_server_through_the_child_module() -> None:
     argv = vllm_argv(Path("/v/bin/python"), model_path=Path("/m"), port=9000, served_model_name="p")
     assert argv == [
         "/v/bin/python",
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        "agl_vllm_server",
         "--model",
         "/m",
         "--served-model-name",
@@ -55,7 +56,7 @@ def test_vllm_argv_is_eager_float32_openai_server() -> None:
     ]
 
 
-def test_vllm_env_enables_dev_mode_small_kv_cache_and_no_network() -> None:
+def test_vllm_env_enables_dev_mode_small_kv_cache_no_network_and_only_the_child_module_path() -> None:
     env = vllm_env(kv_cache_gib=2, base={"PATH": "/bin", "VIRTUAL_ENV": "/trainer/.venv", "PYTHONPATH": "/x"})
     assert env == {
         "PATH": "/bin",
@@ -66,6 +67,7 @@ def test_vllm_env_enables_dev_mode_small_kv_cache_and_no_network() -> None:
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(VLLM_CHILD_PATH),
     }
 
 

@@ -7,6 +7,7 @@ absent, failed under CI. Starting vLLM takes one to two minutes on 2 cores.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -37,6 +38,7 @@ from agl_trainer.local import (
     start_agl_server,
     start_vllm,
     vllm_cpu_spec,
+    vllm_env,
 )
 from agl_types import ModelRegistration, RolloutCreate
 
@@ -264,6 +266,22 @@ def test_model_calls_during_reregistration_never_find_the_model_missing(stack: S
         last = _served_version(stack, rollout_id)
     assert statuses and set(statuses) == {200}
     assert last == 20
+
+
+def test_vllm_child_module_lowers_the_shared_memory_busy_wait_where_spawn_imports_it() -> None:
+    # vllm-cpu spawns its engine and worker; spawn imports the parent's main module again as
+    # __mp_main__ in each child, so that import alone must lower the default (and start nothing).
+    probe = (
+        "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); "
+        "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition; "
+        "print(SpinCondition.__init__.__defaults__)"
+    )
+    python = _python(vllm_cpu_spec())
+    done = subprocess.run(
+        [str(python), "-c", probe], env=vllm_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "(0.05,)"
 
 
 def test_stopping_vllm_leaves_no_process_of_its_group(tmp_path: Path) -> None:

