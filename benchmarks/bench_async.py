@@ -11,7 +11,11 @@ steps 2..N): waiting for rollouts (``timing_s/gen``) and training (``timing_s/ol
 ``timing_s/update_actor``); on a machine where vLLM and the actor share the cores, the second grows
 when collection overlaps it.
 
-    uv run --no-sync python benchmarks/bench_async.py [--steps 20] [--tool-latency 0.5:6]
+    uv run --no-sync python benchmarks/bench_async.py [--steps 20] [--tool-latency 0.5:6] [--repeats 3]
+
+Twelve-step runs of one mode end at quite different rewards (the validation reward of sync's
+final weights ranged 0.27-0.81 on this machine), so ``--repeats R`` runs the three modes R times,
+interleaved, and prints the mean of each column with every run's validation reward beside it.
 
 Goal (issue 14): fully-async >= 2.5x sync samples/s, final reward >= sync's - 0.05 (judged on the
 validation reward of the final weights).
@@ -34,6 +38,8 @@ REWARD_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class Result:
+    """One run's figures, or the mean of several runs' (``val_rewards`` then lists each run's)."""
+
     mode: str
     samples_per_s: float
     final_reward: float
@@ -42,6 +48,7 @@ class Result:
     mean_staleness: float | None
     wait_s_per_step: float
     train_s_per_step: float
+    val_rewards: tuple[float, ...] = ()
 
 
 def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path:
@@ -82,6 +89,27 @@ def summarise(mode: str, metrics_file: Path) -> Result:
         mean_staleness=sum(stale) / len(stale) if stale else None,
         wait_s_per_step=sum(wait) / len(wait),
         train_s_per_step=sum(train) / len(train),
+        val_rewards=(float(data[-1]["val/reward"]),),
+    )
+
+
+def mean_result(runs: list[Result]) -> Result:
+    """The mean of one mode's runs, field by field."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    stale = [r.mean_staleness for r in runs if r.mean_staleness is not None]
+    return Result(
+        mode=runs[0].mode,
+        samples_per_s=mean([r.samples_per_s for r in runs]),
+        final_reward=mean([r.final_reward for r in runs]),
+        val_reward=mean([r.val_reward for r in runs]),
+        wall_s=mean([r.wall_s for r in runs]),
+        mean_staleness=mean(stale) if stale else None,
+        wait_s_per_step=mean([r.wait_s_per_step for r in runs]),
+        train_s_per_step=mean([r.train_s_per_step for r in runs]),
+        val_rewards=tuple(v for r in runs for v in r.val_rewards),
     )
 
 
@@ -91,10 +119,19 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tool-latency", default="0.5:6")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per mode (interleaved); means are printed"
+    )
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args()
-    results = [summarise(mode, run_mode(mode, args.steps, args.tool_latency, args.extra)) for mode in MODES]
+    runs: dict[str, list[Result]] = {mode: [] for mode in MODES}
+    for _ in range(args.repeats):
+        for mode in MODES:
+            runs[mode].append(summarise(mode, run_mode(mode, args.steps, args.tool_latency, args.extra)))
+    results = [mean_result(runs[mode]) for mode in MODES]
     base = results[0]
+    if args.repeats > 1:
+        print(f"\nmeans over {args.repeats} runs per mode")
     print(
         f"\n{'mode':<12} {'samples/s':>10} {'x sync':>7} {'train reward':>13} {'- sync':>7} "
         f"{'val reward':>11} {'- sync':>7} {'staleness':>10} {'wait s/step':>12} {'train s/step':>13}"
@@ -107,6 +144,9 @@ def main() -> None:
             f"{r.val_reward:>11.3f} {r.val_reward - base.val_reward:>+7.3f} {staleness:>10} "
             f"{r.wait_s_per_step:>12.2f} {r.train_s_per_step:>13.2f}"
         )
+    if args.repeats > 1:
+        for r in results:
+            print(f"{r.mode:<12} validation reward per run: {', '.join(f'{v:.3f}' for v in r.val_rewards)}")
     fully = results[-1]
     speedup = fully.samples_per_s / base.samples_per_s
     reward_ok = fully.val_reward >= base.val_reward - REWARD_MARGIN

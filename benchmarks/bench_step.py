@@ -16,7 +16,7 @@ first (which pays one-off warm-up costs):
   main thread's sleeps while it waits for agents): most of it overlaps generation, but on 2 cores
   its polling competes with vLLM and the agents for the CPU.
 
-    .venv/bin/python benchmarks/bench_step.py [--steps N]
+    .venv/bin/python benchmarks/bench_step.py [--steps N] [KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class StepTimers:
     def install(self) -> Callable[[], None]:
         """Wrap the trainer's methods and ``time.sleep``; returns the function that undoes it."""
         from agl_rollout import AglClient
+        from agl_trainer.collection import Collection
         from agl_trainer.trainer import AglRayPPOTrainer
 
         originals: list[tuple[Any, str, Any]] = []
@@ -59,7 +60,7 @@ class StepTimers:
             setattr(owner, name, functools.wraps(original)(make(original)))
 
         wrap(AglRayPPOTrainer, "train_step", self._step)
-        wrap(AglRayPPOTrainer, "collect", self._collect)
+        wrap(Collection, "train_rollouts", self._collect)
         wrap(AglClient, "create_rollouts", self._create_rollouts)
         wrap(time, "sleep", self._sleep)
 
@@ -194,6 +195,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("extra", nargs="*", help="Hydra overrides for the run")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is left out as warm-up)")
@@ -205,7 +207,7 @@ def main() -> None:
     undo = timers.install()
     started = time.time()
     try:
-        run = run_embedded_default([f"trainer.total_training_steps={args.steps}"])
+        run = run_embedded_default([f"trainer.total_training_steps={args.steps}", *args.extra])
     finally:
         undo()
     records = _fresh_records(run.metrics, args.steps, started)

@@ -14,9 +14,9 @@ EXTERNAL = "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]"
 ON = "agentlightning.fully_async.enabled=true"
 
 
-def test_fully_async_defaults_bound_staleness_at_one_and_drop() -> None:
+def test_fully_async_defaults_bound_staleness_at_two_and_drop() -> None:
     settings = validate_config(compose_config([ON, EXTERNAL]))
-    assert (settings.fully_async, settings.max_staleness, settings.stale_strategy) == (True, 1, "drop")
+    assert (settings.fully_async, settings.max_staleness, settings.stale_strategy) == (True, 2, "drop")
     assert settings.max_groups_in_flight is None
 
 
@@ -73,7 +73,7 @@ def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_ke
             ],
             6,
         ),
-        ([ON], 8),
+        ([ON], 12),
         ([ON, "agentlightning.fully_async.max_staleness=0"], 4),
         ([ON, "agentlightning.fully_async.max_staleness=2"], 12),
         ([ON, "agentlightning.fully_async.max_staleness=null"], 8),

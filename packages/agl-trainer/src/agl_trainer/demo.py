@@ -54,8 +54,8 @@ DEMO_STEPS = 25
 
 STARTUP_SECONDS = 70
 """Measured on 2 cores (tool environments cached): from the command to the first step."""
-STEP_SECONDS = 3
-"""Measured on 2 cores: one step of the embedded default on CPU (median 2.3 s, the first about 6 s)."""
+STEP_SECONDS = 1
+"""Measured on 2 cores: one step of the embedded default on CPU (median 0.95 s, the first about 2.7 s)."""
 
 # Small enough for 2 cores: 4 prompts x 4 rollouts per step, 2 turns of at most 8 tokens each.
 _TASK_OVERRIDES: tuple[str, ...] = (
