@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,3 +80,20 @@ def test_start_agl_server_reports_a_server_that_cannot_start(tmp_path: Path) -> 
     ):
         start_agl_server(Path(sys.executable), tmp_path, timeout=60)
     assert (tmp_path / "agl-server.log").is_file()
+
+
+def test_vllm_child_module_leaves_a_python_without_vllms_busy_wait_as_it_is_and_says_so() -> None:
+    # The trainer's own interpreter has no vLLM: importing the child module must warn, not fail.
+    probe = "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); print('imported')"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(VLLM_CHILD_PATH)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (0, "imported\n")
+    assert done.stderr == (
+        "agl_vllm_server: vLLM's shared-memory busy-wait left as it is "
+        "(ModuleNotFoundError(\"No module named 'vllm'\"))\n"
+    )

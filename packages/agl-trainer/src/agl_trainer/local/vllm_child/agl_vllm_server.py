@@ -17,15 +17,34 @@ default, reaches every vLLM process.
 """
 
 import importlib
+import inspect
 import runpy
+import sys
 
 BUSY_LOOP_S = 0.05
 """Seconds a shared-memory queue reader spins after a read before it sleeps (vLLM's default: 1)."""
 
 _SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
-shm_broadcast = importlib.import_module("vllm.distributed.device_communicators.shm_broadcast")
-shm_broadcast.SpinCondition.__init__.__defaults__ = (BUSY_LOOP_S,)
+
+def shorten_busy_wait() -> None:
+    """Lower ``SpinCondition``'s ``busy_loop_s`` default; a vLLM without it is left as it is, with a warning."""
+    try:
+        init = importlib.import_module(
+            "vllm.distributed.device_communicators.shm_broadcast"
+        ).SpinCondition.__init__
+    except (ImportError, AttributeError) as exc:
+        cause = repr(exc)
+    else:
+        defaulted = [p.name for p in inspect.signature(init).parameters.values() if p.default is not p.empty]
+        cause = f"SpinCondition's defaulted parameters are {defaulted}"
+        if defaulted == ["busy_loop_s"]:
+            init.__defaults__ = (BUSY_LOOP_S,)
+            return
+    print(f"agl_vllm_server: vLLM's shared-memory busy-wait left as it is ({cause})", file=sys.stderr)
+
+
+shorten_busy_wait()
 
 if __name__ == "__main__":
     # alter_sys=False keeps this module as __main__, the one spawn imports again in the children.
