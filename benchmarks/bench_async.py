@@ -124,6 +124,8 @@ def main() -> None:
     )
     parser.add_argument("extra", nargs="*", help="Hydra overrides for every run")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     runs: dict[str, list[Result]] = {mode: [] for mode in MODES}
     for _ in range(args.repeats):
         for mode in MODES:

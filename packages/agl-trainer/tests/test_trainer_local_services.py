@@ -82,18 +82,62 @@ def test_start_agl_server_reports_a_server_that_cannot_start(tmp_path: Path) -> 
     assert (tmp_path / "agl-server.log").is_file()
 
 
-def test_vllm_child_module_leaves_a_python_without_vllms_busy_wait_as_it_is_and_says_so() -> None:
-    # The trainer's own interpreter has no vLLM: importing the child module must warn, not fail.
-    probe = "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); print('imported')"
-    done = subprocess.run(
+_PROBE = (
+    "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); "
+    "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition; "
+    "print(SpinCondition.__init__.__defaults__)"
+)
+
+
+@pytest.mark.parametrize(
+    ("spin_condition", "defaults", "warning"),
+    [
+        ("def __init__(self, is_reader, context, busy_loop_s=1): pass", "(0.05,)", ""),
+        (
+            "def __init__(self, is_reader, busy_loop_s=1, spin=True): pass",
+            "(1, True)",
+            "agl_vllm_server: vLLM's shared-memory busy-wait left as it is "
+            "(SpinCondition's defaulted parameters are ['busy_loop_s', 'spin'])\n",
+        ),
+    ],
+)
+def test_vllm_child_module_lowers_only_a_lone_busy_loop_default_and_otherwise_says_so(
+    tmp_path: Path, spin_condition: str, defaults: str, warning: str
+) -> None:
+    # A stand-in vLLM module with just the class (the real one is tested in test_trainer_local_vllm).
+    _stand_in_shm_broadcast(tmp_path, f"class SpinCondition:\n    {spin_condition}\n")
+    done = _run_child_module(_PROBE, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"{defaults}\n", warning)
+
+
+def test_vllm_child_module_starts_a_vllm_without_spin_condition_unchanged_and_says_so(tmp_path: Path) -> None:
+    _stand_in_shm_broadcast(tmp_path, "")
+    done = _run_child_module(
+        "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__')", tmp_path
+    )
+    assert (done.returncode, done.stdout) == (0, "")
+    assert done.stderr == (
+        "agl_vllm_server: vLLM's shared-memory busy-wait left as it is (AttributeError(\"module "
+        "'vllm.distributed.device_communicators.shm_broadcast' has no attribute 'SpinCondition'\"))\n"
+    )
+
+
+def _stand_in_shm_broadcast(root: Path, text: str) -> None:
+    """``vllm.distributed.device_communicators.shm_broadcast`` under ``root`` as regular packages,
+    so they win over any vLLM installed in the trainer's environment."""
+    package = root
+    for name in ("vllm", "distributed", "device_communicators"):
+        package = package / name
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+    (package / "shm_broadcast.py").write_text(text)
+
+
+def _run_child_module(probe: str, vllm_root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-c", probe],
-        env={**os.environ, "PYTHONPATH": str(VLLM_CHILD_PATH)},
+        env={**os.environ, "PYTHONPATH": f"{VLLM_CHILD_PATH}{os.pathsep}{vllm_root}"},
         capture_output=True,
         text=True,
         timeout=60,
-    )
-    assert (done.returncode, done.stdout) == (0, "imported\n")
-    assert done.stderr == (
-        "agl_vllm_server: vLLM's shared-memory busy-wait left as it is "
-        "(ModuleNotFoundError(\"No module named 'vllm'\"))\n"
     )

@@ -72,8 +72,8 @@ class AglSettings:
             return train_batch_size
         if self.max_groups_in_flight is not None:
             return self.max_groups_in_flight
-        # (K + 1) steps' groups; with no bound, as many as with K = 1.
-        bound = 1 if self.max_staleness is None else self.max_staleness
+        # (K + 1) steps' groups; with no bound, as many as with the default K = 2.
+        bound = 2 if self.max_staleness is None else self.max_staleness
         return (bound + 1) * train_batch_size
 
     def adapter(self, tokenizer: Any, processor: Any | None = None) -> RolloutAdapter:
