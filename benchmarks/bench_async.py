@@ -43,12 +43,16 @@ class Result:
     mode: str
     samples_per_s: float
     final_reward: float
-    val_reward: float
+    val_rewards: tuple[float, ...]
     wall_s: float
     mean_staleness: float | None
     wait_s_per_step: float
     train_s_per_step: float
-    val_rewards: tuple[float, ...] = ()
+
+    @property
+    def val_reward(self) -> float:
+        """The validation reward of the final weights (the mean over the runs)."""
+        return sum(self.val_rewards) / len(self.val_rewards)
 
 
 def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path:
@@ -84,12 +88,11 @@ def summarise(mode: str, metrics_file: Path) -> Result:
         mode=mode,
         samples_per_s=trained / wall,
         final_reward=sum(rewards) / len(rewards),
-        val_reward=float(data[-1]["val/reward"]),
+        val_rewards=(float(data[-1]["val/reward"]),),
         wall_s=wall,
         mean_staleness=sum(stale) / len(stale) if stale else None,
         wait_s_per_step=sum(wait) / len(wait),
         train_s_per_step=sum(train) / len(train),
-        val_rewards=(float(data[-1]["val/reward"]),),
     )
 
 
@@ -104,12 +107,11 @@ def mean_result(runs: list[Result]) -> Result:
         mode=runs[0].mode,
         samples_per_s=mean([r.samples_per_s for r in runs]),
         final_reward=mean([r.final_reward for r in runs]),
-        val_reward=mean([r.val_reward for r in runs]),
+        val_rewards=tuple(v for r in runs for v in r.val_rewards),
         wall_s=mean([r.wall_s for r in runs]),
         mean_staleness=mean(stale) if stale else None,
         wait_s_per_step=mean([r.wait_s_per_step for r in runs]),
         train_s_per_step=mean([r.train_s_per_step for r in runs]),
-        val_rewards=tuple(v for r in runs for v in r.val_rewards),
     )
 
 
