@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE, IMPORT_AS_SPAWN_DOES
 from agl_trainer.local import ProcessStartError, agl_server_argv, start_agl_server, vllm_argv, vllm_env
 from agl_trainer.local.services import VLLM_CHILD_PATH
 
@@ -82,13 +83,6 @@ def test_start_agl_server_reports_a_server_that_cannot_start(tmp_path: Path) -> 
     assert (tmp_path / "agl-server.log").is_file()
 
 
-_PROBE = (
-    "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); "
-    "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition; "
-    "print(SpinCondition.__init__.__defaults__)"
-)
-
-
 @pytest.mark.parametrize(
     ("spin_condition", "defaults", "warning"),
     [
@@ -106,15 +100,13 @@ def test_vllm_child_module_lowers_only_a_lone_busy_loop_default_and_otherwise_sa
 ) -> None:
     # A stand-in vLLM module with just the class (the real one is tested in test_trainer_local_vllm).
     _stand_in_shm_broadcast(tmp_path, f"class SpinCondition:\n    {spin_condition}\n")
-    done = _run_child_module(_PROBE, tmp_path)
+    done = _run_child_module(["-c", BUSY_WAIT_DEFAULTS_PROBE], tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (0, f"{defaults}\n", warning)
 
 
 def test_vllm_child_module_starts_a_vllm_without_spin_condition_unchanged_and_says_so(tmp_path: Path) -> None:
     _stand_in_shm_broadcast(tmp_path, "")
-    done = _run_child_module(
-        "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__')", tmp_path
-    )
+    done = _run_child_module(["-c", IMPORT_AS_SPAWN_DOES], tmp_path)
     assert (done.returncode, done.stdout) == (0, "")
     assert done.stderr == (
         "agl_vllm_server: vLLM's shared-memory busy-wait left as it is (AttributeError(\"module "
@@ -143,13 +135,7 @@ def test_vllm_child_module_reaches_the_processes_the_server_spawns(tmp_path: Pat
         "    process.start()\n"
         "    process.join()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "agl_vllm_server"],
-        env={**os.environ, "PYTHONPATH": f"{VLLM_CHILD_PATH}{os.pathsep}{tmp_path}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_child_module(["-m", "agl_vllm_server"], tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (0, "child (0.05,)\n", "")
 
 
@@ -164,9 +150,10 @@ def _stand_in_shm_broadcast(root: Path, text: str) -> None:
     (package / "shm_broadcast.py").write_text(text)
 
 
-def _run_child_module(probe: str, vllm_root: Path) -> subprocess.CompletedProcess[str]:
+def _run_child_module(args: list[str], vllm_root: Path) -> subprocess.CompletedProcess[str]:
+    """This interpreter with ``args``, the child module and the stand-in vLLM under ``vllm_root`` on its path."""
     return subprocess.run(
-        [sys.executable, "-c", probe],
+        [sys.executable, *args],
         env={**os.environ, "PYTHONPATH": f"{VLLM_CHILD_PATH}{os.pathsep}{vllm_root}"},
         capture_output=True,
         text=True,

