@@ -71,13 +71,18 @@ def _version_by_x(
 
 def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglServerProcess) -> None:
     samples = Samples()
+    # Samples 2 and 3 finish only once the first step is taken, so that step takes 0 and 1 (with
+    # instant agents any two complete groups could come first: 0 and 2 were seen in CI, seed 8686).
+    first_taken = threading.Event()
+    later = lambda r: AgentBehaviour(wait_for=first_taken if r["input"]["x"] in (2, 3) else None)  # noqa: E731
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url),
+        FakeAgents(fresh_agl_server.url, behaviour=later),
         GroupCollector(_manager(client, max_groups=4), samples, StalenessGate(max_staleness=1)) as collector,
     ):
         # With K=1, (K + 1) * B groups start before the first step: one step's worth runs ahead.
         first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+        first_taken.set()
         # While the taken step trains (step_done not yet called) the other B groups complete.
         collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
         assert collector.manager.n_complete == B
