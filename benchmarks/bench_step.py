@@ -60,7 +60,7 @@ class StepTimers:
             setattr(owner, name, functools.wraps(original)(make(original)))
 
         wrap(AglRayPPOTrainer, "train_step", self._step)
-        wrap(Collection, "train_rollouts", self._collect)
+        wrap(Collection, "take", self._collect)
         wrap(AglClient, "create_rollouts", self._create_rollouts)
         wrap(time, "sleep", self._sleep)
 

@@ -114,7 +114,7 @@ def _record(trainer: AglRayPPOTrainer, collected: threading.Event | None = None)
     workers = RecordingWorkers(trainer.workers)
     trainer.policy_workers = workers  # type: ignore[assignment]
     recorded = Recorded(completed=[], workers=workers, metrics=[])
-    collect, train_step = trainer.collection.train_rollouts, trainer.train_step
+    collect, train_step = trainer.collection.take, trainer.train_step
 
     def recording_collect(step: int, trained_version: int) -> tuple[list[CompletedRollout], dict[str, float]]:
         completed, metrics = collect(step, trained_version)
@@ -128,7 +128,7 @@ def _record(trainer: AglRayPPOTrainer, collected: threading.Event | None = None)
         recorded.metrics.append(metrics)
         return metrics
 
-    trainer.collection.train_rollouts = recording_collect  # type: ignore[method-assign]
+    trainer.collection.take = recording_collect  # type: ignore[method-assign]
     trainer.train_step = recording_train_step  # type: ignore[method-assign]
     return recorded
 

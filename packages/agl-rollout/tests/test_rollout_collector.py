@@ -17,6 +17,7 @@ from agl_rollout import (
     AsyncRolloutState,
     CollectorError,
     GroupCollector,
+    RolloutHooks,
     RolloutManagerConfig,
     StalenessGate,
 )
@@ -85,7 +86,7 @@ def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglS
         first_taken.set()
         # While the taken step trains (step_done not yet called) the other B groups complete.
         collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
-        assert collector.manager.n_complete == B
+        assert collector.n_complete == B
         assert samples.handed_out == [0, 1, 2, 3]  # and no more start: K * B are already held
         collector.step_done()
         second = collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
@@ -125,7 +126,7 @@ def test_over_age_groups_are_dropped_and_counted(fresh_agl_server: AglServerProc
         GroupCollector(_manager(client, max_groups=3), samples, StalenessGate(max_staleness=1)) as collector,
     ):
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
-        assert collector.manager.n_complete == 3
+        assert collector.n_complete == 3
         taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
     assert _xs(taken.groups) == [1, 2]
     assert taken.metrics["training/async/dropped_stale"] == 1.0
@@ -159,7 +160,7 @@ def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
         ) as collector,
     ):
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
-        assert collector.manager.n_complete == 3
+        assert collector.n_complete == 3
         while 0 not in trained:
             taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
             assert taken.metrics["training/async/dropped_stale"] == 0.0
@@ -224,3 +225,109 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
     assert carried <= set(trained)
     assert len(trained) == len(set(trained))
     assert {0, 1, 2, 3} <= set(trained)
+
+
+def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_and_counted(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    # A dead run's published weights cannot be provoked here: the fake agents record version 5 for
+    # sample 0, as calls served by such weights would be, and the run trains version 0.
+    samples = Samples()
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0}, 5, 0)),
+        GroupCollector(
+            _manager(client, max_groups=3), samples, StalenessGate(max_staleness=None)
+        ) as collector,
+    ):
+        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+    assert _xs(taken.groups) == [1, 2]
+    assert taken.metrics["training/async/dropped_future_version"] == 1.0
+    assert taken.metrics["training/async/dropped_stale"] == 0.0
+
+
+def test_a_slow_hook_does_not_block_take(fresh_agl_server: AglServerProcess) -> None:
+    later, in_hook, hook_released = threading.Event(), threading.Event(), threading.Event()
+
+    class SlowHooks(RolloutHooks):
+        def on_succeeded(self, rollout: Any, events: Any, store: Any) -> None:
+            if rollout.input["x"] >= B:
+                in_hook.set()
+                hook_released.wait(TAKE_TIMEOUT_S)
+
+    # Samples 0 and 1 finish first; the thread then sits in the hook of sample 2 or 3.
+    behaviour = lambda r: AgentBehaviour(wait_for=later if r["input"]["x"] >= B else None)  # noqa: E731
+    manager = AsyncRolloutManager(
+        AglClient(fresh_agl_server.url, TEST_KEY),
+        CONFIG,
+        train_batch_size=B,
+        async_train_batch_size=4,
+        hooks=SlowHooks(),
+    )
+    try:
+        with (
+            FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+            GroupCollector(manager, Samples(), StalenessGate(max_staleness=1)) as collector,
+        ):
+            collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
+            later.set()
+            assert in_hook.wait(TAKE_TIMEOUT_S)
+            taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+            assert not hook_released.is_set()  # the take returned while the hook still ran
+            hook_released.set()
+    finally:
+        hook_released.set()
+        manager.client.close()
+    assert _xs(taken.groups) == [0, 1]
+
+
+def test_stop_with_cancel_leaves_no_rollout_queued_or_running(fresh_agl_server: AglServerProcess) -> None:
+    never = threading.Event()
+    samples = Samples()
+    try:
+        with (
+            AglClient(fresh_agl_server.url, TEST_KEY) as client,
+            FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(wait_for=never)),
+        ):
+            collector = GroupCollector(
+                _manager(client, max_groups=4), samples, StalenessGate(max_staleness=1)
+            )
+            collector.start()
+            collector.wait_polls(2, timeout_s=TAKE_TIMEOUT_S)
+            cancelled = collector.stop(cancel=True)
+            assert _n_created(client) == 0
+            state = collector.state
+    finally:
+        never.set()
+    assert cancelled == 4 * N == len(samples.handed_out) * N
+    # The checkpoint's copy still holds the groups: a resume re-creates them.
+    assert sum(len(group.pending) for group in state.groups) == 4 * N
+
+
+def test_groups_the_keep_filter_refuses_free_their_place_for_new_samples(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    samples = Samples()
+    odd = lambda group: group.completed[0].input["x"] % 2 == 1  # noqa: E731
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url),
+        # K=0 admits one step's B groups: the step fills only as filtered groups are replaced.
+        GroupCollector(_manager(client), samples, StalenessGate(max_staleness=0)) as collector,
+    ):
+        taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S, keep=odd)
+    assert _xs(taken.groups) == [1, 3]
+    assert (taken.n_examined, taken.n_filtered, taken.short) == (4, 2, False)
+
+
+def test_a_take_stops_at_max_examined_and_says_it_is_short(fresh_agl_server: AglServerProcess) -> None:
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url),
+        GroupCollector(_manager(client), Samples(), StalenessGate(max_staleness=0)) as collector,
+    ):
+        taken = collector.take(
+            trained_version=0, timeout_s=TAKE_TIMEOUT_S, keep=lambda g: False, max_examined=3
+        )
+    assert (taken.groups, taken.n_examined, taken.n_filtered, taken.short) == ([], 3, 3, True)

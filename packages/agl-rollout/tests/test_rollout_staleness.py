@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agl_rollout import CarriedGroup, StalenessGate, group_age
+from agl_rollout import Admission, CarriedGroup, StalenessGate, group_age, is_ahead
 from agl_types import CompletedRollout, RolloutState, Triplet
 
 
@@ -61,3 +61,42 @@ def test_an_unknown_strategy_is_refused_listing_the_supported_ones() -> None:
         ValueError, match=r"Unsupported stale strategy: 'wait'. Supported: \['drop', 'requeue'\]"
     ):
         StalenessGate(max_staleness=1, strategy="wait")  # pyright: ignore[reportArgumentType]
+
+
+def test_a_group_with_a_call_newer_than_the_trained_weights_is_ahead() -> None:
+    assert is_ahead(_group(3, 6), trained_version=5)
+    assert not is_ahead(_group(3, 5), trained_version=5)
+    assert not is_ahead(_group(None), trained_version=0)
+
+
+@pytest.mark.parametrize(
+    ("admission", "between_steps", "while_training"),
+    [
+        (Admission(4, 4, 0, overlap=False), 4, 0),  # sync: one generation batch, after the publish
+        (Admission(2, 5, None, overlap=False), 5, 0),  # carry-over: more than a step, between steps
+        (Admission(2, 8, 0, overlap=True), 2, 0),  # fully async, K=0: on-policy
+        (Admission(2, 8, 2, overlap=True), 6, 4),  # fully async, K=2: (K+1) x G, then K x G
+        (Admission(2, 5, 2, overlap=True), 5, 4),  # capped by max_groups
+        (Admission(2, 7, None, overlap=True), 7, 7),  # no bound: max_groups all the time
+    ],
+)
+def test_admission_limit_between_steps_and_while_a_taken_step_trains(
+    admission: Admission, between_steps: int, while_training: int
+) -> None:
+    assert admission.limit(step_open=False) == between_steps
+    assert admission.limit(step_open=True) == while_training
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((0, 4, 0), "groups_per_step must be >= 1, got 0"),
+        ((4, 3, 0), r"max_groups \(3\) must be >= groups_per_step \(4\)"),
+        ((4, 4, -1), "max_staleness must be >= 0 or None"),
+    ],
+)
+def test_an_impossible_admission_rule_is_refused_naming_the_value(
+    args: tuple[int, int, int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Admission(*args, overlap=True)

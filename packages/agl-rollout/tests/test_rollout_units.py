@@ -192,8 +192,8 @@ def test_rollout_config_carries_timeout_agent_class_and_template_text(tmp_path: 
     }
 
 
-@pytest.mark.parametrize("async_size", [None, 4, 3])
-def test_async_batch_size_not_above_train_batch_size_raises_value_error(async_size: int | None) -> None:
+@pytest.mark.parametrize("async_size", [None, 3, 2])
+def test_async_batch_size_below_train_batch_size_raises_value_error(async_size: int | None) -> None:
     config = RolloutManagerConfig()
     with AglClient("http://127.0.0.1:9") as client, pytest.raises(ValueError, match="async_train_batch_size"):
         AsyncRolloutManager(client, config, train_batch_size=4, async_train_batch_size=async_size)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 from verl import DataProto
 
+from agl_rollout import CarriedGroup, CollectedGroups
 from agl_trainer.dynamic_sampling import DynamicSampling
 from agl_trainer.entrypoint import compose_config
 from agl_trainer.overlong import OverlongShaping
@@ -100,77 +100,54 @@ def _rollout(data_id: str, reward: float | None, n: int) -> CompletedRollout:
     )
 
 
-def _group(data_id: str, *rewards: float | None) -> list[CompletedRollout]:
-    return [_rollout(data_id, reward, n) for n, reward in enumerate(rewards)]
+def _group(data_id: str, *rewards: float | None) -> CarriedGroup:
+    return CarriedGroup(
+        data_id=data_id,
+        first_step=1,
+        completed=[_rollout(data_id, reward, n) for n, reward in enumerate(rewards)],
+    )
 
 
-def _batches(*batches: list[CompletedRollout]) -> Iterator[tuple[list[CompletedRollout], dict[str, float]]]:
-    for n, batch in enumerate(batches):
-        yield batch, {"training/gen_batch": float(n)}
-
-
-def _sampling(max_num_gen_batches: int = 0, *, refill: bool = True) -> DynamicSampling:
-    return DynamicSampling(max_num_gen_batches, reward_fillna_value=0.0, refill=refill)
+def _sampling(max_num_gen_batches: int = 0) -> DynamicSampling:
+    return DynamicSampling(max_num_gen_batches, reward_fillna_value=0.0)
 
 
 def test_dynamic_sampling_is_off_unless_filter_groups_is_enabled() -> None:
     config = compose_config()
-    assert DynamicSampling.from_config(config, validate_config(config)) is None
+    assert DynamicSampling.from_config(config, 0.0) is None
     keys = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3"]
     config = compose_config([*keys, "agentlightning.reward_fillna_value=0.5"])
-    assert DynamicSampling.from_config(config, validate_config(config)) == DynamicSampling(
-        3, 0.5, refill=True
-    )
-    external = ["agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]", "trainer.device=cpu"]
-    config = compose_config([*keys, "agentlightning.fully_async.enabled=true", *external])
-    assert DynamicSampling.from_config(config, validate_config(config)) == DynamicSampling(
-        3, 0.0, refill=False
-    )
+    assert DynamicSampling.from_config(
+        config, validate_config(config).reward_fillna_value
+    ) == DynamicSampling(3, 0.5)
 
 
-def test_dynamic_sampling_refills_the_batch_from_more_generation_batches() -> None:
-    batches = _batches(
-        _group("a", 1, 1) + _group("b", 0, 1),  # a has no signal
-        _group("c", 0, 0) + _group("d", None, 1),  # c has none either; d's missing reward is 0.0
-    )
-    rollouts, metrics = _sampling().collect(lambda: next(batches), train_batch_size=2, step=1)
-    assert [r.rollout_id for r in rollouts] == ["b-0", "b-1", "d-0", "d-1"]
-    assert metrics == {
-        "training/gen_batch": 1.0,
-        "training/dynamic_sampling/groups_kept": 2,
-        "training/dynamic_sampling/groups_filtered": 2,
-        "training/dynamic_sampling/gen_batches": 2,
-        "training/dynamic_sampling/groups_surplus": 0,
-    }
-
-
-def test_dynamic_sampling_stops_at_max_num_gen_batches_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    batches = _batches(_group("a", 1, 1) + _group("b", 0, 1), _group("c", 0, 0), _group("d", 0, 1))
-    with caplog.at_level(logging.WARNING, logger="agl_trainer"):
-        rollouts, metrics = _sampling(2).collect(lambda: next(batches), train_batch_size=2, step=7)
-    assert [r.data_id for r in rollouts] == ["b", "b"]
-    assert metrics["training/dynamic_sampling/gen_batches"] == 2
-    assert "step 7: dynamic sampling kept 1 of 2 groups after 2 generation batches" in caplog.text
-
-
-def test_dynamic_sampling_trains_train_batch_size_groups_and_counts_the_surplus() -> None:
-    batches = _batches(_group("a", 1, 0) + _group("b", 0, 1) + _group("c", 1, 1) + _group("d", 0.5, 1))
-    rollouts, metrics = _sampling().collect(lambda: next(batches), train_batch_size=2, step=1)
-    assert [r.data_id for r in rollouts] == ["a", "a", "b", "b"]
-    assert (
-        metrics["training/dynamic_sampling/groups_surplus"],
-        metrics["training/dynamic_sampling/groups_filtered"],
-    ) == (1, 1)
-
-
-def test_dynamic_sampling_without_refill_filters_the_one_batch_it_takes() -> None:
-    batches = _batches(_group("a", 1, 1) + _group("b", 0, 1), _group("c", 0, 1))
-    rollouts, metrics = _sampling(refill=False).collect(lambda: next(batches), train_batch_size=2, step=1)
-    assert [r.data_id for r in rollouts] == ["b", "b"]
-    assert metrics["training/dynamic_sampling/gen_batches"] == 1
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ() -> None:
+    sampling = _sampling()
+    assert sampling.keeps(_group("b", 0, 1))
+    assert not sampling.keeps(_group("a", 1, 1))
+    assert not sampling.keeps(_group("c", 0, None))  # the missing reward is reward_fillna_value, 0.0
+    assert DynamicSampling(0, reward_fillna_value=1.0).keeps(_group("c", 0, None))
 
 
 def test_dynamic_sampling_keeps_a_group_of_one_rollout() -> None:
-    batches = _batches(_group("a", 1.0))
-    rollouts, _ = _sampling().collect(lambda: next(batches), train_batch_size=1, step=1)
-    assert [r.data_id for r in rollouts] == ["a"]
+    assert _sampling().keeps(_group("a", 1.0))
+
+
+def test_dynamic_sampling_looks_at_max_num_gen_batches_generation_batches_at_most() -> None:
+    assert _sampling(3).max_examined(gen_batch_size=4) == 12
+    assert _sampling(0).max_examined(gen_batch_size=4) is None
+
+
+def test_dynamic_sampling_counts_generation_batches_and_says_when_a_step_is_short(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    collected = CollectedGroups([_group("b", 0, 1)], n_examined=5, n_filtered=4, short=True)
+    with caplog.at_level(logging.WARNING, logger="agl_trainer"):
+        metrics = _sampling(2).metrics(collected, gen_batch_size=4, train_batch_size=2, step=7)
+    assert metrics == {
+        "training/dynamic_sampling/groups_kept": 1.0,
+        "training/dynamic_sampling/groups_filtered": 4.0,
+        "training/dynamic_sampling/gen_batches": 2.0,
+    }
+    assert "step 7: dynamic sampling kept 1 of 2 groups after 2 generation batches" in caplog.text

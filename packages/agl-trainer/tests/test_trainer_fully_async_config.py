@@ -86,5 +86,5 @@ def test_each_mode_keeps_its_groups_in_flight_and_the_demo_runs_an_agent_for_eac
     config = compose_config(
         [EXTERNAL, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=3", *overrides]
     )
-    assert validate_config(config).groups_in_flight(4) == groups
+    assert validate_config(config).admission(4, 4).max_groups == groups
     assert agent_slots(config) == 3 * groups

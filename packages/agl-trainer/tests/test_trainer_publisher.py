@@ -1,6 +1,7 @@
-"""The publisher against the real agl-server: in the fully-async mode the weights change only while
-the gateway is paused with no model call in flight, then the new version is registered and the
-gateway resumes; in the sync modes it pushes alone (the gateway is already paused and drained)."""
+"""The publisher against the real agl-server: in every mode, the first publish included, the weights
+change only while the gateway is paused with no model call in flight, then the new version is
+registered; the fully-async mode resumes the gateway, the sync modes leave that to the next step.
+A failed push leaves no endpoint registered."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
 from agl_trainer.drain import Drain
 from agl_trainer.entrypoint import compose_config
+from agl_trainer.local.errors import WeightPushError
 from agl_trainer.publisher import Publisher
 from agl_trainer.settings import AglSettings
 from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
@@ -49,7 +51,7 @@ def _publisher(
 ) -> tuple[Publisher, GatewayObservingPusher]:
     pusher = GatewayObservingPusher(client)
     registrations = lambda: model_registrations("m", [ENDPOINT], version=version[0])  # noqa: E731
-    return Publisher(client, pusher, registrations, fully_async=fully_async, drain=Drain(10.0, 0.02)), pusher
+    return Publisher(client, pusher, registrations, resume=fully_async, drain=Drain(10.0, 0.02)), pusher
 
 
 def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_resumes(
@@ -72,34 +74,48 @@ def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_
         version[0] = 1
         metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
         state = client.proxy_state()
-    assert pusher.pushes == [(0, False, 0), (1, True, 0)]
+    assert pusher.pushes == [(0, True, 0), (1, True, 0)]  # the start-up push is drained too
     assert registered == [(1, True)]  # the new version, registered before the gateway resumes
     assert not state.paused
     assert metrics["training/async/proxy_inflight_at_pause"] == 0.0
     assert metrics["training/async/gateway_paused_seconds"] >= metrics["training/async/proxy_drain_seconds"]
 
 
-def test_publishing_the_served_version_again_does_not_pause_the_gateway(
-    fresh_agl_server: AglServerProcess,
-) -> None:
+def test_publishing_the_served_version_again_does_nothing(fresh_agl_server: AglServerProcess) -> None:
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         publisher, pusher = _publisher(client, [0], fully_async=True)
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
-        client.resume()
-        publisher.publish(workers=None, version=0)  # type: ignore[arg-type]  (a step that trained nothing)
+        metrics = publisher.publish(workers=None, version=0)  # type: ignore[arg-type]  (a step that trained nothing)
         assert not client.proxy_state().paused
-    assert pusher.pushes == [(0, False, 0), (0, False, 0)]
+    assert pusher.pushes == [(0, True, 0)]
+    assert metrics == {}
 
 
-def test_sync_mode_publish_is_the_push_alone(fresh_agl_server: AglServerProcess) -> None:
+def test_sync_mode_publish_pushes_drained_and_leaves_the_gateway_paused_for_the_next_step(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    version = [0]
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        publisher, pusher = _publisher(client, [0], fully_async=False)
+        publisher, pusher = _publisher(client, version, fully_async=False)
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         client.resume()
+        version[0] = 1
         metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
-        assert not client.proxy_state().paused
-    assert pusher.pushes == [(0, False, 0), (1, False, 0)]
-    assert metrics == {"training/weight_version": 1.0}
+        assert client.proxy_state().paused
+    assert pusher.pushes == [(0, True, 0), (1, True, 0)]
+    assert metrics["training/weight_version"] == 1.0
+
+
+class FailingPusher:
+    """A weight pusher whose push fails on its second endpoint, after the first took the weights."""
+
+    def release(self) -> None:
+        return None
+
+    def push(self, workers: Any, version: int) -> dict[str, float]:
+        raise WeightPushError(
+            f"could not push weights version {version} to the vLLM server at http://second/v1"
+        )
 
 
 class SlowModelServerStandIn:
@@ -155,7 +171,7 @@ def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_t
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         pusher = GatewayObservingPusher(client)
         registrations = lambda: model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=version[0])  # noqa: E731
-        publisher = Publisher(client, pusher, registrations, fully_async=True, drain=Drain(30.0, 0.02))
+        publisher = Publisher(client, pusher, registrations, resume=True, drain=Drain(30.0, 0.02))
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         client.register_models(registrations())
         client.resume()
@@ -179,6 +195,32 @@ def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_t
     assert metrics["training/async/proxy_inflight_at_pause"] == 1.0  # the slow call was in flight
     assert pusher.pushes[-1] == (1, True, 0)  # and had finished before the weights changed
     assert [event.data["server"]["version"] for event in events] == [0, 1]
+
+
+def test_a_failed_push_leaves_no_endpoint_registered_and_names_the_endpoint(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    upstream = SlowModelServerStandIn(delay_s=0.0)
+    registrations = lambda: model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=0)  # noqa: E731
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        client.register_models(registrations())
+        client.resume()
+        client.create_rollouts(
+            [rollout_request({"x": 1}, is_train=True, rollout_config=RolloutConfig(), rollout_id="r1")]
+        )
+        client.patch_rollout_status("r1", RolloutStatusPatch(state=RolloutState.RUNNING, last_attempt_id="0"))
+        assert _call_through_gateway(fresh_agl_server, "r1") == 200
+        publisher = Publisher(client, FailingPusher(), registrations, resume=True, drain=Drain(10.0, 0.02))
+        publisher.published = 0
+        with pytest.raises(WeightPushError, match="http://second/v1"):
+            publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
+        client.resume()  # as the run's stop does
+        upstream.received.clear()
+        status = _call_through_gateway(fresh_agl_server, "r1")
+    upstream.close()
+    # No endpoint serves calls that would be recorded under version 0 with version 1's weights.
+    assert status != 200
+    assert not upstream.received.is_set()
 
 
 def _drain_from_config(timeout_s: float, poll_interval_s: float) -> Drain:
@@ -217,6 +259,7 @@ def test_a_drain_gives_up_after_the_configured_timeout_naming_its_key(
             TimeoutError, match=r"1 model call\(s\) in flight .*agentlightning\.drain_timeout_seconds=0\.5"
         ):
             drain(client, "step 1")
+        assert not client.proxy_state().paused  # a run stopping on this leaves the agents free
         call.join(timeout=30)
     upstream.close()
 

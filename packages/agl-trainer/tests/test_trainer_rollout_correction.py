@@ -22,9 +22,11 @@ from agl_trainer.correction import (
     RolloutCorrection,
     compute_old_log_probs,
     configure_actor_loss,
+    training_correction,
     validate_rollout_correction,
 )
 from agl_trainer.entrypoint import compose_config
+from agl_trainer.settings import validate_config
 
 pytestmark = pytest.mark.verl
 
@@ -205,6 +207,61 @@ def test_configure_actor_loss_keeps_per_rollout_mean() -> None:
 def test_default_config_reads_as_metrics_only_and_a_null_section_as_off() -> None:
     assert validate_rollout_correction(compose_config()) == RolloutCorrection()
     assert validate_rollout_correction(compose_config(["algorithm.rollout_correction=null"])) is None
+
+
+FULLY_ASYNC = [
+    "agentlightning.fully_async.enabled=true",
+    "agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]",
+    "trainer.device=cpu",
+]
+
+
+def _trained_correction(*overrides: str) -> RolloutCorrection | None:
+    """The correction the trainer trains with for ``overrides`` (as ``AglRayPPOTrainer`` builds it)."""
+    config = compose_config(list(overrides))
+    return training_correction(
+        validate_rollout_correction(config), validate_config(config).default_behaviour_weight_cap
+    )
+
+
+def test_fully_async_weights_stale_tokens_by_the_truncated_behaviour_ratio_by_default() -> None:
+    correction = _trained_correction(*FULLY_ASYNC)
+    assert correction == RolloutCorrection(rollout_is="token", rollout_is_threshold=2.0)
+    result = compute_old_log_probs(make_batch(), correction, recompute=Recompute(), policy_loss=policy_loss())
+    # The recomputed log-probs differ from the served ones: min(pi_prox / pi_behaviour, 2) per token.
+    expected = [
+        [math.exp(0.5), 2.0, math.exp(-0.3), 0.0],
+        [math.exp(0.2), math.exp(-0.5), math.exp(0.1), 0.0],
+    ]
+    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
+
+
+def test_the_behaviour_weight_cap_is_configurable_and_null_turns_the_default_off() -> None:
+    capped = _trained_correction(*FULLY_ASYNC, "agentlightning.fully_async.behaviour_weight_cap=5")
+    assert capped == RolloutCorrection(rollout_is="token", rollout_is_threshold=5.0)
+    off = _trained_correction(*FULLY_ASYNC, "agentlightning.fully_async.behaviour_weight_cap=null")
+    assert off == RolloutCorrection()  # verl's section as configured: metrics only
+
+
+def test_no_default_behaviour_weight_where_no_sample_is_stale() -> None:
+    assert _trained_correction() == RolloutCorrection()  # sync
+    assert (
+        _trained_correction(*FULLY_ASYNC, "agentlightning.fully_async.max_staleness=0") == RolloutCorrection()
+    )
+
+
+def test_a_correction_the_user_asks_for_wins_over_the_default() -> None:
+    sequence = _trained_correction(*FULLY_ASYNC, "algorithm.rollout_correction.rollout_is=sequence")
+    assert sequence == RolloutCorrection(rollout_is="sequence")
+    bypass = _trained_correction(*FULLY_ASYNC, "algorithm.rollout_correction.bypass_mode=true")
+    assert bypass == RolloutCorrection(bypass_mode=True)
+
+
+def test_a_behaviour_weight_cap_that_is_not_positive_fails_naming_the_key() -> None:
+    with pytest.raises(
+        ValueError, match=r"agentlightning\.fully_async\.behaviour_weight_cap must be null .* got 0\.0"
+    ):
+        validate_config(compose_config([*FULLY_ASYNC, "agentlightning.fully_async.behaviour_weight_cap=0"]))
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,7 @@ def test_sync_step_trains_on_all_rollouts_and_leaves_server_empty(
         before = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
         timing: dict[str, float] = {}
         trainer.global_steps = 1
+        trainer.collection.start(steps_done=0)
         metrics = trainer.train_step(timing)
         after = trainer.workers.compute_log_prob(_probe_batch(trainer)).batch["old_log_probs"]
     assert metrics["training/n_rollouts"] == 4
@@ -144,6 +145,7 @@ def test_gae_step_trains_the_critic_then_the_actor_and_checkpoints_both(
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating()):
         before = trainer.workers.compute_values(_probe_batch(trainer)).batch["values"]
         trainer.global_steps = 1
+        trainer.collection.start(steps_done=0)
         metrics = trainer.train_step({})
         after = trainer.workers.compute_values(_probe_batch(trainer)).batch["values"]
     assert metrics["training/n_sample_trained"] == 4
@@ -229,17 +231,19 @@ def test_startup_hook_that_raises_is_logged_and_training_goes_on(
         "    def on_startup(self) -> None:\n"
         "        raise RuntimeError('startup broke')\n"
     )
-    with caplog.at_level("ERROR", logger="agl_rollout"):
-        trainer = _trainer(
-            model_path,
-            fresh_agl_server,
-            tmp_path,
-            f"agentlightning.hooks={hooks_file}",
-            "trainer.total_training_steps=1",
-        )
-    assert any("hook=on_startup" in record.getMessage() for record in caplog.records)
-    with FakeAgents(fresh_agl_server.url, behaviour=_alternating()):
+    trainer = _trainer(
+        model_path,
+        fresh_agl_server,
+        tmp_path,
+        f"agentlightning.hooks={hooks_file}",
+        "trainer.total_training_steps=1",
+    )
+    with (
+        caplog.at_level("ERROR", logger="agl_rollout"),
+        FakeAgents(fresh_agl_server.url, behaviour=_alternating()),
+    ):
         trainer.fit()
+    assert any("hook=on_startup" in record.getMessage() for record in caplog.records)
     assert trainer.global_steps == 2  # the one step ran
 
 

@@ -114,6 +114,7 @@ def test_a_step_on_image_rollouts_trains_every_row_with_its_images(
     trainer.adapter.build_batch = recording_build_batch
     with FakeAgents(fresh_agl_server.url, behaviour=_image_agents(processor)) as agents:
         trainer.global_steps = 1
+        trainer.collection.start(steps_done=0)
         metrics = trainer.train_step({})
     assert agents.stats.errors == []
     assert metrics["training/n_rollouts"] == metrics["training/n_sample_trained"] == 4

@@ -24,7 +24,14 @@ from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycl
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
 from agl_rollout.retry import RetryPolicy
-from agl_rollout.staleness import STALE_STRATEGIES, StalenessGate, StaleStrategy, group_age
+from agl_rollout.staleness import (
+    STALE_STRATEGIES,
+    Admission,
+    StalenessGate,
+    StaleStrategy,
+    group_age,
+    is_ahead,
+)
 from agl_rollout.sync_manager import RolloutBatchResult, SyncRolloutManager
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
 
@@ -51,10 +58,12 @@ __all__ = (
     "GroupCollector",
     "CollectedGroups",
     "CollectorError",
+    "Admission",
     "StalenessGate",
     "StaleStrategy",
     "STALE_STRATEGIES",
     "group_age",
+    "is_ahead",
     "WaitProgress",
     # queueing and batches
     "Batch",

@@ -99,10 +99,10 @@ class AsyncRolloutManager:
     ) -> None:
         if train_batch_size < 1:
             raise ValueError(f"train_batch_size must be >= 1, got {train_batch_size}")
-        if async_train_batch_size is None or async_train_batch_size <= train_batch_size:
+        if async_train_batch_size is None or async_train_batch_size < train_batch_size:
             raise ValueError(
-                f"async_train_batch_size ({async_train_batch_size}) must be > train_batch_size "
-                f"({train_batch_size}): the async mode keeps more groups in flight than one step trains on"
+                f"async_train_batch_size ({async_train_batch_size}) must be >= train_batch_size "
+                f"({train_batch_size}): a step trains on train_batch_size groups held at once"
             )
         self.client = client
         self.config = config
@@ -233,6 +233,10 @@ class AsyncRolloutManager:
         """Complete groups held, waiting to be taken."""
         return sum(group.is_complete for group in self._groups.values())
 
+    def pending_rollouts(self) -> dict[str, EnqueuedRollout]:
+        """Every pending member of the held groups, by rollout id (a new dict)."""
+        return {rid: record for group in self._groups.values() for rid, record in group.pending.items()}
+
     @property
     def n_pending_rollouts(self) -> int:
         return sum(len(group.pending) for group in self._groups.values())
@@ -246,16 +250,35 @@ class AsyncRolloutManager:
     def release(self, groups: Sequence[CarriedGroup]) -> None:
         """Stop holding ``groups`` (taken for training, or dropped by the caller); a step's end, so
         the budget of lost-rollout recoveries starts over."""
-        self._recoveries = RecoveryBudget(self.client.base_url)
+        self.new_wait()
         for group in groups:
             del self._groups[group.data_id]
+
+    def new_wait(self) -> None:
+        """Start the budget of lost-rollout recoveries over (once per step)."""
+        self._recoveries = RecoveryBudget(self.client.base_url)
+
+    def pop_complete(self) -> list[CarriedGroup]:
+        """Stop holding the complete groups and return them, oldest first (see :meth:`complete_groups`)."""
+        complete = self.complete_groups()
+        for group in complete:
+            del self._groups[group.data_id]
+        return complete
+
+    def cancel_pending(self, reason: str) -> int:
+        """Fail and delete every pending member on the server, so no agent runs or queues them on;
+        the groups stay held (a checkpoint's copy re-creates them on resume). Returns how many."""
+        pending = [record for group in self._groups.values() for record in group.pending.values()]
+        for record in pending:
+            self._tracker.cancel(record, reason)
+        return len(pending)
 
     def requeue(self, group: CarriedGroup, step: int) -> None:
         """Replace a complete group by a fresh one of the same sample: ``train_rollout_n`` new rollouts
         of its recorded input (``on_enqueue`` already rewrote it and does not run again), enqueued at ``step``.
         """
         template = group.completed[0]
-        self.release([group])
+        self._groups.pop(group.data_id, None)
         rollout_config = self.config.rollout_config()
         records = [
             EnqueuedRollout(

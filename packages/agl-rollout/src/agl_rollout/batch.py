@@ -85,6 +85,16 @@ class BatchTopUp:
         keys = list(parts[0])
         return {key: _concat(key, [p[key] for p in parts]) for key in keys}
 
+    def leftover_rows(self) -> list[dict[str, Any]]:
+        """The samples cut off the last dataloader batch and not handed out yet, as plain-JSON rows
+        (a checkpoint saves them: the dataloader's own state has moved past them)."""
+        return batch_rows(self._leftover) if self._leftover is not None else []
+
+    def restore_leftover(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Hand ``rows`` out first (a resumed run's :meth:`leftover_rows`)."""
+        if rows:
+            self._leftover = {key: [row[key] for row in rows] for key in rows[0]}
+
     def _take(self) -> Mapping[str, Any]:
         if self._leftover is not None:
             leftover, self._leftover = self._leftover, None

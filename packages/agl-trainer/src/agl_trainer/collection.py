@@ -1,25 +1,32 @@
-"""Pipeline stage 1: where a step's rollouts come from, in each of the three modes.
+"""Pipeline stage 1: where a step's rollouts come from: one :class:`~agl_rollout.GroupCollector`
+in every mode.
 
-- sync: the step's batch is enqueued and waited for whole;
-- async (carry-over): ``async_train_batch_size`` groups in flight, the first complete
-  ``train_batch_size`` trained, the rest carried over;
-- fully async: a :class:`~agl_rollout.GroupCollector` thread keeps groups running through the
-  update; the step takes fresh complete groups through the staleness gate.
+The three modes are three admission rules (:meth:`AglSettings.admission`) and one difference
+in the gateway:
 
-In the first two the gateway is resumed for the wait and paused and drained after it, so no
-model call is in flight while the weights change; in the fully-async mode it stays open and
-:mod:`agl_trainer.publisher` pauses it only around the reload.
+- sync: one step's generation batch starts once the previous step is over (staleness bound 0);
+- async (carry-over): more groups run than a step trains; the rest carry over to the next step;
+- fully async: groups keep running through the update, up to the staleness bound K.
+
+In the first two the gateway is open only while the trainer waits (for a step's groups, or for
+validation) and is paused and drained after it, so no model call is in flight while the actor
+trains; in the fully-async mode it stays open and :mod:`agl_trainer.publisher` pauses it only
+around the reload.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Generator, Iterable, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig
 
 from agl_rollout import (
+    Admission,
     AglClient,
+    AglServerError,
     AsyncRolloutManager,
     AsyncRolloutState,
     BatchTopUp,
@@ -31,47 +38,53 @@ from agl_rollout import (
     load_hooks,
     model_registrations,
 )
+from agl_trainer.drain import Drain
 from agl_trainer.dynamic_sampling import DynamicSampling
 from agl_trainer.settings import AglSettings
 from agl_types import CompletedRollout, ModelRegistration
 
+logger = logging.getLogger(__name__)
+
 Registrations = Callable[[], list[ModelRegistration]]
+_T = TypeVar("_T")
 
 
 class Collection:
-    """The rollout side of the trainer: train rollouts per step, validation rollouts, checkpoint state.
+    """The rollout side of the trainer: a step's groups, validation rollouts, checkpoint state.
 
-    ``registrations()`` gives the gateway's model registrations for the current weight version
-    (the sync modes register them before every wait; the fully-async publisher after every push).
+    Life cycle: :meth:`start` (hooks' ``on_startup``, then the collector, carrying a checkpoint's
+    groups on), per step :meth:`take` then :meth:`step_done`, :meth:`stop` at the end; :meth:`state`
+    and :meth:`admission_held` for checkpoints.
     """
 
     def __init__(
         self,
         client: AglClient,
-        settings: AglSettings,
         manager_config: RolloutManagerConfig,
         *,
+        admission: Admission,
+        gate: StalenessGate,
         train_batch_size: int,
-        gen_batch_size: int,
         top_up: BatchTopUp,
-        registrations: Registrations,
-        hooks: RolloutHooks | None,
+        drain: Drain,
+        take_timeout_s: float,
+        hooks: RolloutHooks | None = None,
         dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         self.client = client
-        self.settings = settings
+        self.admission = admission
+        self.gate = gate
         self.train_batch_size = train_batch_size
-        self.gen_batch_size = gen_batch_size
+        self.top_up = top_up
+        self.drain = drain
+        self.take_timeout_s = take_timeout_s
         self.dynamic_sampling = dynamic_sampling
-        self._top_up = top_up
-        self._registrations = registrations
-        self._hooks = hooks
         self._manager_config = manager_config
-        self.sync_manager = SyncRolloutManager(client, manager_config, hooks=hooks)
-        self.async_manager: AsyncRolloutManager | None = None
-        if settings.async_enabled or settings.fully_async:
-            self.async_manager = self._async_manager(None)
+        self._hooks = hooks
+        self.val_manager = SyncRolloutManager(client, manager_config, hooks=hooks)
         self.collector: GroupCollector | None = None
+        self._restored: AsyncRolloutState | None = None
+        self._stopped = False
 
     @classmethod
     def from_config(
@@ -80,16 +93,15 @@ class Collection:
         settings: AglSettings,
         client: AglClient,
         top_up: BatchTopUp,
-        registrations: Registrations,
         *,
         include_images: bool = False,
     ) -> Collection:
-        """The collection ``config`` describes: the managers' settings, batch sizes, hooks and
-        dynamic sampling; ``include_images`` reads each model call's images (a vision-language model)."""
+        """The collection ``config`` describes; ``include_images`` reads each model call's images."""
         data = config.data
+        train_batch_size = int(data.train_batch_size)
+        gen_batch_size = int(data.get("gen_batch_size") or train_batch_size)
         return cls(
             client,
-            settings,
             RolloutManagerConfig(
                 train_rollout_n=int(config.actor_rollout_ref.rollout.n),
                 rollout_timeout_seconds=settings.rollout_timeout_seconds,
@@ -101,140 +113,133 @@ class Collection:
                 include_routed_experts=settings.routing_replay_key is not None,
                 include_images=include_images,
             ),
-            train_batch_size=int(data.train_batch_size),
-            gen_batch_size=int(data.get("gen_batch_size") or data.train_batch_size),
+            admission=settings.admission(train_batch_size, gen_batch_size),
+            gate=settings.staleness_gate,
+            train_batch_size=train_batch_size,
             top_up=top_up,
-            registrations=registrations,
+            drain=settings.drain,
+            take_timeout_s=2 * settings.rollout_timeout_seconds + settings.drain_timeout_seconds,
             hooks=load_hooks(settings.hooks) if settings.hooks else None,
-            dynamic_sampling=DynamicSampling.from_config(config, settings),
+            dynamic_sampling=DynamicSampling.from_config(config, settings.reward_fillna_value),
         )
-
-    @property
-    def fully_async(self) -> bool:
-        return self.settings.fully_async
-
-    def _async_manager(self, state: AsyncRolloutState | None) -> AsyncRolloutManager:
-        return AsyncRolloutManager(
-            self.client,
-            self._manager_config,
-            train_batch_size=self.train_batch_size,
-            async_train_batch_size=self._groups_in_flight(),
-            hooks=self._hooks,
-            state=state,
-        )
-
-    def _groups_in_flight(self) -> int:
-        groups = self.settings.groups_in_flight(self.train_batch_size)
-        if not self.fully_async:
-            return groups
-        # The manager holds more than one step's groups; the collector's admission rule caps it at
-        # (K + 1) x train_batch_size, which for K=0 is exactly one step's.
-        return max(groups, self.train_batch_size + 1)
 
     # -- life cycle ------------------------------------------------------------------------------
 
+    def restore(self, state: AsyncRolloutState | None, leftover_samples: Sequence[dict[str, Any]]) -> None:
+        """Carry a checkpoint's held groups and cut-off loader samples on (before :meth:`start`)."""
+        self._restored = state
+        self.top_up.restore_leftover(leftover_samples)
+
     def start(self, steps_done: int) -> None:
-        """Fully async: open the gateway with the current registrations and start the collector."""
-        if not self.fully_async:
-            return
-        assert self.async_manager is not None
-        self.client.register_models(self._registrations())
-        self.client.resume()
-        gate = StalenessGate(self.settings.max_staleness, self.settings.stale_strategy)  # pyright: ignore[reportArgumentType]  (validated)
+        """Run the hooks' ``on_startup`` and start admitting groups (``steps_done``: steps already trained)."""
+        manager = AsyncRolloutManager(
+            self.client,
+            self._manager_config,
+            train_batch_size=self.train_batch_size,
+            async_train_batch_size=self.admission.max_groups,
+            hooks=self._hooks,
+            state=self._restored,
+        )
+        manager.hooks.startup()
         self.collector = GroupCollector(
-            self.async_manager, self._top_up.next_batch, gate, steps_done=steps_done
+            manager, self.top_up.next_batch, self.gate, admission=self.admission, steps_done=steps_done
         ).start()
 
     def stop(self) -> None:
-        """Stop the collector; what it holds stays in :meth:`state` for a checkpoint."""
-        if self.collector is not None:
-            self.collector.stop()
+        """Stop the collector, cancel the rollouts it still runs on the server, and leave the gateway
+        open (what it held stays in :meth:`state` for a checkpoint taken before)."""
+        if self.collector is None or self._stopped:
+            return
+        self._stopped = True
+        n_cancelled = self.collector.stop(cancel=True)
+        if n_cancelled:
+            logger.info("cancelled %d rollouts still in flight on agl-server", n_cancelled)
+        try:
+            self.client.resume()
+        except AglServerError as exc:
+            logger.warning("could not resume the gateway at the end of the run: %s", exc)
 
-    def state(self) -> AsyncRolloutState | None:
-        """The async modes' held groups (for checkpoints); None in sync mode."""
-        if self.collector is not None:
-            return self.collector.state
-        return self.async_manager.state if self.async_manager is not None else None
+    def state(self) -> AsyncRolloutState:
+        """Every group held now (a checkpoint's copy)."""
+        if self.collector is None:
+            return self._restored or AsyncRolloutState()
+        return self.collector.state
 
-    def restore(self, state: AsyncRolloutState) -> None:
-        """Carry a checkpoint's held groups on (before :meth:`start`)."""
-        if self.async_manager is not None:
-            self.async_manager = self._async_manager(state)
+    @contextmanager
+    def admission_held(self) -> Generator[None]:
+        """No sample is drawn from the loader inside the block."""
+        if self.collector is None:
+            yield
+            return
+        with self.collector.admission_held():
+            yield
 
     # -- per step --------------------------------------------------------------------------------
 
-    def train_rollouts(
-        self, step: int, trained_version: int
-    ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """The step's completed rollouts (GRPO siblings adjacent) and the collection's metrics,
-        through dynamic sampling when it is on."""
-        if self.dynamic_sampling is None:
-            return self._generation_batch(step, trained_version)
-        return self.dynamic_sampling.collect(
-            lambda: self._generation_batch(step, trained_version), self.train_batch_size, step
-        )
-
-    def _generation_batch(
-        self, step: int, trained_version: int
-    ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        if self.collector is not None:
-            timeout_s = 2 * self.settings.rollout_timeout_seconds + self.settings.drain_timeout_seconds
-            collected = self.collector.take(trained_version, timeout_s=timeout_s)
-            return collected.rollouts, collected.metrics
-        if self.async_manager is not None:
-            shortfall = self.async_manager.shortfall()
-            batch = self._top_up.next_batch(shortfall) if shortfall else {}
-            return self._drained(
-                step,
-                lambda: self.async_manager.enqueue_and_wait_until_group_completed(  # pyright: ignore[reportOptionalMemberAccess]
-                    batch, step=step, models=self._registrations()
-                ),
-            )
-        batch = self._top_up.next_batch(self.gen_batch_size)
-        return self._drained(
+    def take(self, step: int, trained_version: int) -> tuple[list[CompletedRollout], dict[str, float]]:
+        """The step's completed rollouts (GRPO siblings adjacent), through dynamic sampling when it
+        is on, and the collection's metrics."""
+        if self.collector is None:
+            raise RuntimeError("Collection.start() has not been called")
+        collector = self.collector
+        sampling = self.dynamic_sampling
+        requests_before = self.client.request_count
+        collected, drain = self._with_gateway_open(
             step,
-            lambda: self.sync_manager.enqueue_and_wait_until_completed(
-                batch, is_train=True, step=step, models=self._registrations()
+            lambda: collector.take(
+                trained_version,
+                timeout_s=self.take_timeout_s,
+                keep=sampling.keeps if sampling else None,
+                max_examined=sampling.max_examined(self.admission.groups_per_step) if sampling else None,
             ),
         )
+        metrics = {
+            **collected.metrics,
+            **drain,
+            "training/server_requests_per_rollout": (self.client.request_count - requests_before)
+            / max(len(collected.rollouts), 1),
+        }
+        if sampling is not None:
+            metrics |= sampling.metrics(
+                collected,
+                gen_batch_size=self.admission.groups_per_step,
+                train_batch_size=self.train_batch_size,
+                step=step,
+            )
+        return collected.rollouts, metrics
 
-    def step_published(self) -> None:
-        """The step's weights are served: the fully-async collector may admit the next groups."""
+    def step_done(self) -> None:
+        """The step is over: open the gateway (sync modes) and admit the next step's groups."""
+        if not self.admission.overlap:
+            self.client.resume()
         if self.collector is not None:
             self.collector.step_done()
 
     def val_rollouts(
         self, batches: Iterable[Any], step: int
     ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """Every validation batch, each waited for whole (the fully-async mode leaves the gateway
-        open), and the last wait's drain metrics under ``val/``."""
+        """Every validation batch, each waited for whole, and the last wait's drain metrics under ``val/``."""
         completed: list[CompletedRollout] = []
         drain: dict[str, float] = {}
         for batch in batches:
-            if self.fully_async:
-                result = self.sync_manager.enqueue_and_wait_until_completed(batch, is_train=False, step=step)
-                rollouts, drain = result.completed, result.metrics
-            else:
-                rollouts, drain = self._drained(
-                    step,
-                    lambda batch=batch: self.sync_manager.enqueue_and_wait_until_completed(
-                        batch, is_train=False, step=step, models=self._registrations()
-                    ),
-                )
-            completed.extend(rollouts)
+            result, drain = self._with_gateway_open(
+                step,
+                lambda batch=batch: self.val_manager.enqueue_and_wait_until_completed(
+                    batch, is_train=False, step=step
+                ),
+            )
+            completed.extend(result.completed)
+            drain = {**result.metrics, **drain}
         return completed, {key.replace("training/", "val/", 1): value for key, value in drain.items()}
 
-    def _drained(self, step: int, wait: Callable[[], Any]) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """Resume the gateway, ``wait``, then pause and drain it: no model call spans a weight change."""
-        requests_before = self.client.request_count
+    def _with_gateway_open(self, step: int, wait: Callable[[], _T]) -> tuple[_T, dict[str, float]]:
+        """``wait``; in the sync modes with the gateway resumed for it, then paused and drained, so
+        no model call spans the weight change that follows."""
+        if self.admission.overlap:
+            return wait(), {}
         self.client.resume()
         result = wait()
-        drain = self.settings.drain(self.client, f"rollout_done step={step}")
-        requests = {
-            "training/server_requests_per_rollout": (self.client.request_count - requests_before)
-            / max(len(result.completed), 1)
-        }
-        return result.completed, {**result.metrics, **drain, **requests}
+        return result, self.drain(self.client, f"rollout_done step={step}")
 
 
 def registrations_for(model: str, endpoints: Sequence[str], version: Callable[[], int]) -> Registrations:

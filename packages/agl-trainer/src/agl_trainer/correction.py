@@ -14,12 +14,20 @@ both computed by verl's own helpers (:mod:`verl.trainer.ppo.rollout_corr_helper`
   neither ``rollout_is`` nor ``rollout_rs`` is set, as verl's trainer does).
 
 An absent or null ``algorithm.rollout_correction`` section turns all of it off.
+
+**On by default where samples are stale.** In the fully-async mode with ``max_staleness`` != 0 a
+sample's calls may come from weights up to K versions behind π_prox (the recomputed old
+log-probs), so the PPO ratio alone treats it as on-policy. :func:`training_correction` then gives
+each token the truncated importance weight min(π_prox / π_behaviour, cap) (decoupled PPO, as in
+AReaL, with verl's truncated IS: ``rollout_is: token``, ``rollout_is_threshold: cap``), unless the
+section already asks for IS, RS or bypass of its own. ``agentlightning.fully_async.behaviour_weight_cap``
+sets the cap (default 2.0, verl's default threshold); null turns the default off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -42,6 +50,7 @@ __all__ = (
     "RolloutCorrection",
     "compute_old_log_probs",
     "configure_actor_loss",
+    "training_correction",
     "validate_rollout_correction",
 )
 
@@ -151,6 +160,21 @@ def validate_rollout_correction(config: DictConfig) -> RolloutCorrection | None:
     if correction.bypass_mode:
         _check_bypass(correction, str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
     return correction
+
+
+def training_correction(
+    correction: RolloutCorrection | None, behaviour_weight_cap: float | None
+) -> RolloutCorrection | None:
+    """The correction a run trains with: ``correction`` (the validated section) when it asks for IS,
+    RS or bypass, or when ``behaviour_weight_cap`` is None; otherwise token-level IS truncated at
+    the cap (see the module docstring)."""
+    if behaviour_weight_cap is None or (
+        correction is not None and (correction.corrects or correction.bypass_mode)
+    ):
+        return correction
+    return replace(
+        correction or RolloutCorrection(), rollout_is="token", rollout_is_threshold=behaviour_weight_cap
+    )
 
 
 def _check_with_verl(run: Callable[[], object], setting: str, fix: str) -> None:

@@ -158,8 +158,10 @@ def with_file_logger(config: DictConfig) -> DictConfig:
 
 def agent_slots(config: DictConfig) -> int:
     """How many local agents run at once: every rollout the configured mode keeps in flight."""
-    groups = AglSettings.from_config(config).groups_in_flight(int(config.data.train_batch_size))
-    return int(config.actor_rollout_ref.rollout.n) * groups
+    train_batch_size = int(config.data.train_batch_size)
+    gen_batch_size = int(config.data.get("gen_batch_size") or train_batch_size)
+    admission = AglSettings.from_config(config).admission(train_batch_size, gen_batch_size)
+    return int(config.actor_rollout_ref.rollout.n) * admission.max_groups
 
 
 def run_embedded_default(

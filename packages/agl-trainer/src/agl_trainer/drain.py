@@ -15,7 +15,7 @@ class Drain:
     poll_interval_s: float
 
     def __call__(self, client: AglClient, reason: str, *, retry_after_seconds: int = 5) -> dict[str, float]:
-        """Pause the gateway and wait for its calls in flight; a timeout names the key to raise."""
+        """Pause the gateway and wait for its calls in flight; a timeout resumes it and names the key to raise."""
         try:
             return pause_and_drain(
                 client,
@@ -25,6 +25,7 @@ class Drain:
                 retry_after_seconds=retry_after_seconds,
             )
         except TimeoutError as exc:
+            client.resume()  # a run that stops here must not leave the agents locked out
             raise TimeoutError(f"{exc} (agentlightning.drain_timeout_seconds={self.timeout_s:g})") from exc
 
 

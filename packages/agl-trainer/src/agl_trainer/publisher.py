@@ -1,10 +1,11 @@
 """Pipeline stage 3: after an update, make the inference servers serve the new weights.
 
-In the sync modes the gateway is already paused and drained when the step trains, so publishing
-is the push alone (the next wait registers the new version). In the fully-async mode the gateway
-is open: it is paused, the model calls in flight finish (and are recorded with the version that
-served them), the weights are reloaded, the registrations are moved to the new version, and the
-gateway resumes. No call spans two versions, and agents wait only for the reload.
+Every publish, in every mode and the first after a (re)start too: the gateway is paused and the
+model calls in flight finish (recorded with the version that served them), the weights are
+pushed, the registrations move to the new version, and in the fully-async mode the gateway
+resumes (the sync modes resume it when the next step starts). No call spans two versions. A push
+that fails removes the registrations first, so no endpoint that took the new weights serves
+calls recorded under the old version; the error names the endpoint.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from agl_trainer.workers import PolicyWorkers
 
 
 class Publisher:
-    """Pushes the actor's weights with ``pusher``; ``fully_async`` also pauses and re-registers the gateway."""
+    """Pushes the actor's weights with ``pusher`` and moves the gateway's registrations along;
+    ``resume`` reopens the gateway after each publish (fully async)."""
 
     def __init__(
         self,
@@ -27,30 +29,31 @@ class Publisher:
         pusher: WeightPusher,
         registrations: Registrations,
         *,
-        fully_async: bool,
+        resume: bool,
         drain: Drain,
     ) -> None:
         self.client = client
         self.pusher = pusher
         self.registrations = registrations
-        self.fully_async = fully_async
+        self.resume = resume
         self.drain = drain
         self.published: int | None = None
 
     def publish(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
-        """Serve ``version``; a no-op (but for the metric) when it is already served."""
-        if not self.fully_async or self.published in (None, version):
-            metrics = self.pusher.push(workers, version)
-            self.published = version
-            return metrics
+        """Serve ``version``; nothing to do when it is already served (a step that trained nothing)."""
+        if self.published == version:
+            return {}
         started = time.perf_counter()
         # Agents asking meanwhile retry after 1 s (the gateway's smallest Retry-After): a reload is short.
         drain = self.drain(self.client, f"publish weights v{version}", retry_after_seconds=1)
         try:
             metrics = self.pusher.push(workers, version)
-            self.published = version
-            self.client.register_models(self.registrations())
-        finally:
+        except BaseException:
+            self.client.delete_models()
+            raise
+        self.published = version
+        self.client.register_models(self.registrations())
+        if self.resume:
             self.client.resume()
         return {
             **metrics,

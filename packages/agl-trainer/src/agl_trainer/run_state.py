@@ -1,11 +1,17 @@
-"""What agl adds to verl's checkpoint folder: the weight version and the async modes' held groups."""
+"""What agl adds to verl's checkpoint folder: the weight version, the collector's held groups and
+the loader samples cut off but not yet handed out.
+
+It is written before verl writes its files, so verl's ``latest_checkpointed_iteration.txt`` never
+points at a folder without it; a checkpoint of verl alone resumes at the version ``global_steps``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -18,13 +24,21 @@ STATE_FILE = "agl_state.json"
 class RunState:
     weight_version: int
     async_state: AsyncRolloutState | None
+    leftover_samples: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
     def save(self, config: DictConfig, step: int) -> None:
-        """Write the state into the checkpoint folder of ``step``, next to verl's files."""
+        """Write the state into the checkpoint folder of ``step`` (created when missing), atomically."""
         held = self.async_state.model_dump(mode="json") if self.async_state is not None else None
-        (checkpoint_folder(config, step) / STATE_FILE).write_text(
-            json.dumps({"weight_version": self.weight_version, "async_state": held})
-        )
+        folder = checkpoint_folder(config, step)
+        folder.mkdir(parents=True, exist_ok=True)
+        body = {
+            "weight_version": self.weight_version,
+            "async_state": held,
+            "leftover_samples": self.leftover_samples,
+        }
+        partial = folder / f"{STATE_FILE}.partial"
+        partial.write_text(json.dumps(body))
+        partial.replace(folder / STATE_FILE)
 
     @classmethod
     def load(cls, config: DictConfig, step: int) -> RunState | None:
@@ -38,6 +52,7 @@ class RunState:
         return cls(
             weight_version=int(state["weight_version"]),
             async_state=AsyncRolloutState.model_validate(held) if held is not None else None,
+            leftover_samples=list(state.get("leftover_samples") or []),
         )
 
 

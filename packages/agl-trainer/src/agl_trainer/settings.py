@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agl_adapter import RolloutAdapter, ZippedJsonlArtifacts
+from agl_rollout import Admission, StalenessGate
 from agl_trainer.drain import Drain
 
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
@@ -50,6 +51,8 @@ class AglSettings:
     max_staleness: int | None
     stale_strategy: str
     max_groups_in_flight: int | None
+    behaviour_weight_cap: float | None
+    """``fully_async.behaviour_weight_cap`` as configured (see :attr:`default_behaviour_weight_cap`)."""
     drain_timeout_seconds: float
     drain_poll_interval_seconds: float
     external_endpoints: tuple[str, ...]
@@ -64,17 +67,32 @@ class AglSettings:
         """Path 1: no external endpoints, so verl's hybrid-engine vLLM replicas serve the agents."""
         return not self.external_endpoints
 
-    def groups_in_flight(self, train_batch_size: int) -> int:
-        """How many groups the configured mode keeps running at once."""
+    def admission(self, train_batch_size: int, gen_batch_size: int) -> Admission:
+        """The collector's admission rule for the configured mode (see :class:`agl_rollout.Admission`)."""
+        if self.fully_async:
+            # (K + 1) steps' groups; with no bound, as many as with the default K = 2.
+            bound = 2 if self.max_staleness is None else self.max_staleness
+            max_groups = self.max_groups_in_flight or (bound + 1) * gen_batch_size
+            return Admission(gen_batch_size, max_groups, self.max_staleness, overlap=True)
         if self.async_enabled:
-            return int(self.async_train_batch_size or 0)
-        if not self.fully_async:
-            return train_batch_size
-        if self.max_groups_in_flight is not None:
-            return self.max_groups_in_flight
-        # (K + 1) steps' groups; with no bound, as many as with the default K = 2.
-        bound = 2 if self.max_staleness is None else self.max_staleness
-        return (bound + 1) * train_batch_size
+            return Admission(train_batch_size, int(self.async_train_batch_size or 0), None, overlap=False)
+        return Admission(gen_batch_size, gen_batch_size, 0, overlap=False)
+
+    @property
+    def default_behaviour_weight_cap(self) -> float | None:
+        """The cap of the off-policy weight trained by default: fully async with stale samples allowed
+        (``max_staleness`` != 0), else None (see :func:`agl_trainer.correction.training_correction`)."""
+        if self.fully_async and self.max_staleness != 0:
+            return self.behaviour_weight_cap
+        return None
+
+    @property
+    def staleness_gate(self) -> StalenessGate:
+        """Which complete groups are too old to train: sync groups never span a publish, carry-over
+        groups may (the reference's rule: no bound); fully async applies its bound."""
+        if self.fully_async:
+            return StalenessGate(self.max_staleness, self.stale_strategy)  # pyright: ignore[reportArgumentType]  (validated)
+        return StalenessGate(None if self.async_enabled else 0)
 
     def adapter(self, tokenizer: Any, processor: Any | None = None) -> RolloutAdapter:
         """The adapter these settings describe, padding with ``tokenizer``'s pad id (0 if none);
@@ -137,6 +155,7 @@ class AglSettings:
             max_staleness=_optional_int(fully_async.get("max_staleness")),
             stale_strategy=str(fully_async.get("stale_strategy", "drop")),
             max_groups_in_flight=_optional_int(fully_async.get("max_groups_in_flight")),
+            behaviour_weight_cap=_optional_float(fully_async.get("behaviour_weight_cap", 2.0)),
             drain_timeout_seconds=float(agl.get("drain_timeout_seconds", 600)),
             drain_poll_interval_seconds=float(agl.get("drain_poll_interval_seconds", 0.25)),
             external_endpoints=tuple(str(e) for e in external.get("endpoints", []) or []),
@@ -196,6 +215,13 @@ def validate_config(config: DictConfig) -> AglSettings:
             f"> data.train_batch_size ({train_batch_size}) when agentlightning.async_rollout.enabled=true"
         )
     _check_fully_async(settings)
+    gen_batch_size = int(config.data.get("gen_batch_size") or train_batch_size)
+    groups = settings.max_groups_in_flight
+    if settings.fully_async and groups is not None and groups < gen_batch_size:
+        raise ValueError(
+            f"agentlightning.fully_async.max_groups_in_flight must be null or >= {gen_batch_size} (one step's "
+            f"generation batch, data.gen_batch_size or data.train_batch_size), got {groups}"
+        )
     if str(config.algorithm.adv_estimator).lower() == "remax":
         raise ValueError(
             "algorithm.adv_estimator=remax is not supported by agl (its baseline needs in-process greedy "
@@ -245,7 +271,7 @@ def _check_algorithm_stages(config: DictConfig, settings: AglSettings) -> None:
 
     RolloutNormalization.from_config(config)
     OverlongShaping.from_config(config, settings.max_response_length)
-    DynamicSampling.from_config(config, settings)
+    DynamicSampling.from_config(config, settings.reward_fillna_value)
 
 
 def _check_fully_async(settings: AglSettings) -> None:
@@ -267,6 +293,11 @@ def _check_fully_async(settings: AglSettings) -> None:
     if settings.max_staleness is not None and settings.max_staleness < 0:
         raise ValueError(
             f"agentlightning.fully_async.max_staleness must be null (no bound) or >= 0, got {settings.max_staleness}"
+        )
+    cap = settings.behaviour_weight_cap
+    if cap is not None and not cap > 0:
+        raise ValueError(
+            f"agentlightning.fully_async.behaviour_weight_cap must be null (no default off-policy weight) or > 0, got {cap}"
         )
     if settings.stale_strategy not in STALE_STRATEGIES:
         raise ValueError(

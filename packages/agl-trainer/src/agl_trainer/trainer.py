@@ -31,7 +31,12 @@ from agl_rollout import AglClient, BatchTopUp
 from agl_trainer.advantages import Advantages
 from agl_trainer.batching import cut_batch
 from agl_trainer.collection import Collection, registrations_for
-from agl_trainer.correction import compute_old_log_probs, configure_actor_loss, validate_rollout_correction
+from agl_trainer.correction import (
+    compute_old_log_probs,
+    configure_actor_loss,
+    training_correction,
+    validate_rollout_correction,
+)
 from agl_trainer.datasets import collate_rows
 from agl_trainer.overlong import OverlongShaping
 from agl_trainer.publisher import Publisher
@@ -68,7 +73,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
         processor: Any | None = None,
     ) -> None:
         self.settings: AglSettings = validate_config(config)
-        self.correction = validate_rollout_correction(config)
+        self.correction = training_correction(
+            validate_rollout_correction(config), self.settings.default_behaviour_weight_cap
+        )
         self.normalization = RolloutNormalization.from_config(config)
         # before the workers copy the actor config
         configure_actor_loss(config, self.correction)
@@ -87,19 +94,19 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.endpoints = list(self.settings.external_endpoints)
         self.client = AglClient(self.settings.agl_base_url, self.settings.agl_key or None)
         self.weight_version = 0
+        """Published actor updates: a step that updates nothing (empty batch, critic warm-up) ages no group."""
         registrations = registrations_for(
             gateway_model_name(config), self.endpoints, lambda: self.weight_version
         )
         top_up = BatchTopUp(lambda: iter(self.train_dataloader))
         self.collection = Collection.from_config(
-            config, self.settings, self.client, top_up, registrations, include_images=processor is not None
+            config, self.settings, self.client, top_up, include_images=processor is not None
         )
-        self.collection.sync_manager.hooks.startup()
         self.publisher = Publisher(
             self.client,
             weight_pusher or NoWeightPush(),
             registrations,
-            fully_async=self.settings.fully_async,
+            resume=self.settings.fully_async,
             drain=self.settings.drain,
         )
         self.adapter = self.settings.adapter(tokenizer, processor)
@@ -160,14 +167,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
         """
         metrics: dict[str, Any] = {"timing/step_start_wall": time.time()}
         with marked_timer("gen", timing):
-            completed, rollout_metrics = self.collection.train_rollouts(
-                self.global_steps, self.weight_version
-            )
+            completed, rollout_metrics = self.collection.take(self.global_steps, self.weight_version)
         metrics.update(rollout_metrics)
-        try:
-            self._train_on(completed, timing, metrics)
-        finally:
-            self.collection.step_published()
+        self._train_on(completed, timing, metrics)
         return metrics
 
     def _train_on(
@@ -224,7 +226,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         if int(self.config.trainer.critic_warmup) <= self.global_steps:
             with marked_timer("update_actor", timing):
                 metrics.update(reduce_metrics(self.workers.update_actor(batch)))
-            self.weight_version = self.global_steps
+            self.weight_version += 1
         with marked_timer("update_weights", timing):
             metrics.update(self.publisher.publish(self.workers, self.weight_version))
         metrics.update(compute_timing_metrics(batch=batch, timing_raw=timing))
@@ -237,16 +239,23 @@ class AglRayPPOTrainer(RayPPOTrainer):
         return {**self.adapter.get_test_metrics(completed, global_steps=self.global_steps), **drain}
 
     def _save_checkpoint(self) -> None:
-        super()._save_checkpoint()
-        RunState(self.weight_version, self.collection.state()).save(self.config, self.global_steps)
+        """agl's state first, then verl's (whose marker file names the newest checkpoint), with no
+        sample drawn in between: the held groups and verl's dataloader state agree."""
+        with self.collection.admission_held():
+            state = RunState(
+                self.weight_version, self.collection.state(), self.collection.top_up.leftover_rows()
+            )
+            state.save(self.config, self.global_steps)
+            super()._save_checkpoint()
 
     def _load_checkpoint(self) -> Any:
         result = super()._load_checkpoint()
         state = RunState.load(self.config, self.global_steps)
         if state is not None:
             self.weight_version = state.weight_version
-            if state.async_state is not None:
-                self.collection.restore(state.async_state)
+            self.collection.restore(state.async_state, state.leftover_samples)
+        else:
+            self.weight_version = self.global_steps  # a checkpoint of verl alone: one update per step
         return result
 
     def fit(self) -> None:
@@ -276,11 +285,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         self.publisher.publish(self.workers, self.weight_version)
-        self.collection.start(steps_done=self.global_steps)
+        self.client.resume()
         if trainer_cfg.get("val_before_train", True):
             tracker.log(data=self.validate(), step=self.global_steps)
             if trainer_cfg.get("val_only", False):
                 return
+        self.collection.start(steps_done=self.global_steps)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Training Progress")
         self.global_steps += 1
         while self.global_steps <= self.total_training_steps:
@@ -294,6 +304,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             if trainer_cfg.save_freq > 0 and (is_last or self.global_steps % trainer_cfg.save_freq == 0):
                 with marked_timer("save_checkpoint", timing):
                     self._save_checkpoint()
+            self.collection.step_done()
             metrics.update({f"timing_s/{name}": seconds for name, seconds in timing.items()})
             tracker.log(data=metrics, step=self.global_steps)
             progress.update(1)
