@@ -563,10 +563,11 @@ class UpdateWatchingWorkers(RecordingWorkers):
     def update_actor(self, batch: Any) -> Any:
         collector = self._trainer.collection.collector
         assert collector is not None
-        with collector._lock:  # pyright: ignore[reportPrivateUsage]  (the collector's own condition)
-            self.completed_during_update.append(
-                collector._lock.wait_for(lambda: collector.manager.n_complete >= self._groups, timeout=120)  # pyright: ignore[reportPrivateUsage]
-            )
+        try:
+            collector.wait_complete(self._groups, timeout_s=120)
+            self.completed_during_update.append(True)
+        except TimeoutError:
+            self.completed_during_update.append(False)
         return self._inner.update_actor(batch)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agl_rollout import (
+    Admission,
     AglClient,
     AsyncRolloutManager,
     AsyncRolloutState,
@@ -331,3 +332,28 @@ def test_a_take_stops_at_max_examined_and_says_it_is_short(fresh_agl_server: Agl
             trained_version=0, timeout_s=TAKE_TIMEOUT_S, keep=lambda g: False, max_examined=3
         )
     assert (taken.groups, taken.n_examined, taken.n_filtered, taken.short) == ([], 3, 3, True)
+
+
+def test_groups_a_waiting_take_has_kept_still_count_against_admission(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    samples = Samples()
+    release = threading.Event()
+    behaviour = lambda r: AgentBehaviour(wait_for=release if r["input"]["x"] == 1 else None)  # noqa: E731
+    sync = Admission(B, B, 0, overlap=False)
+    taken: list[Any] = []
+    with (
+        AglClient(fresh_agl_server.url, TEST_KEY) as client,
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+        GroupCollector(_manager(client), samples, StalenessGate(0), admission=sync) as collector,
+    ):
+        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        taker = threading.Thread(target=lambda: taken.append(collector.take(0, timeout_s=TAKE_TIMEOUT_S)))
+        taker.start()
+        collector.wait_polls(3, timeout_s=TAKE_TIMEOUT_S)  # the take holds group 0 and waits for 1
+        assert samples.handed_out == [0, 1]
+        release.set()
+        taker.join(TAKE_TIMEOUT_S)
+        collector.wait_polls(3, timeout_s=TAKE_TIMEOUT_S)
+        assert samples.handed_out == [0, 1]  # sync: nothing starts while the taken step trains
+    assert _xs(taken[0].groups) == [0, 1]

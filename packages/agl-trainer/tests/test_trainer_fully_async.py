@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.trainer_spies import record_trained_data_ids
@@ -19,6 +20,7 @@ from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
+from agl_types import RolloutState
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -109,6 +111,10 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
             trainer.fit()
     finally:
         trainer.shutdown()
+    # The run's end cancelled what still ran on the server and left the gateway open.
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        assert client.list_rollouts([RolloutState.QUEUING, RolloutState.RUNNING]) == []
+        assert not client.proxy_state().paused
     assert completed_during_update == [True, True]
     # Step 1 trains version 0 on calls of version 0; step 2 trains version 1 on groups that ran
     # during step 1's update, whose calls say version 0: one version stale, within the bound.

@@ -233,6 +233,10 @@ class AsyncRolloutManager:
         """Complete groups held, waiting to be taken."""
         return sum(group.is_complete for group in self._groups.values())
 
+    def groups(self) -> list[CarriedGroup]:
+        """The groups held (the manager's own objects: read them on the thread that drives it)."""
+        return list(self._groups.values())
+
     def pending_rollouts(self) -> dict[str, EnqueuedRollout]:
         """Every pending member of the held groups, by rollout id (a new dict)."""
         return {rid: record for group in self._groups.values() for rid, record in group.pending.items()}

@@ -103,9 +103,14 @@ class GroupCollector:
         self._step_open = False
         self._taken = False
         self._ready: list[CarriedGroup] = []
+        self._n_taking = 0
+        """Groups a waiting take has kept so far: still held, so they count against admission."""
         self._to_requeue: list[tuple[CarriedGroup, int]] = []
         self._pending: dict[str, EnqueuedRollout] = {}
         self._n_running_groups = manager.n_groups_held
+        self._running_rollouts = 0
+        self._running_first_steps: list[int] = []
+        self._n_carried_rollouts = 0
         self._counts = WaitCounts()
         self._hook_errors_seen = self._hook_errors = manager.hooks.n_errors
         self._n_recreated = 0
@@ -222,6 +227,7 @@ class GroupCollector:
                             kept.append(group)
                         else:
                             filtered += 1
+                self._n_taking = len(kept)
                 self._lock.notify_all()
                 limit_hit = max_examined is not None and examined >= max_examined
                 if len(kept) == self.train_batch_size or limit_hit:
@@ -230,6 +236,7 @@ class GroupCollector:
                 waited = time.monotonic() - started
                 if waited >= timeout_s:
                     self._ready.extend(kept)
+                    self._n_taking = 0
                     raise TimeoutError(
                         f"the collector holds {len(kept)} of train_batch_size={self.train_batch_size} complete "
                         f"groups after {waited:.0f} s ({len(self._pending)} rollouts pending); "
@@ -237,6 +244,7 @@ class GroupCollector:
                     )
                 self._lock.wait(min(timeout_s - waited, 1.0))
             progress.close(len(kept), self._counts)
+            self._n_taking = 0
             self._step_open = self._taken = True
             metrics = self._take_metrics(kept, trained_version, time.monotonic() - started)
             self._lock.notify_all()
@@ -310,6 +318,8 @@ class GroupCollector:
                     _add_counts(self._counts, counts)
                     self._pending = self.manager.pending_rollouts()
                     self._n_running_groups = self.manager.n_groups_held
+                    self._running_rollouts = sum(g.n_rollouts for g in self.manager.groups())
+                    self._running_first_steps = [g.first_step for g in self.manager.groups()]
                     self._hook_errors = self.manager.hooks.n_errors
                     self.n_polls += 1
                     if self._state_wanted:
@@ -328,7 +338,7 @@ class GroupCollector:
         with self._lock:
             if self._admission_holds:
                 return
-            held = self.manager.n_groups_held + len(self._ready) + len(self._to_requeue)
+            held = self.manager.n_groups_held + len(self._ready) + len(self._to_requeue) + self._n_taking
             shortfall = self.admission.limit(self._step_open) - held
             if shortfall <= 0:
                 return
@@ -390,6 +400,27 @@ class GroupCollector:
         if ages:
             metrics["training/async/staleness_mean"] = sum(ages) / len(ages)
             metrics["training/async/staleness_max"] = float(max(ages))
+        return metrics | self._carry_over_metrics(groups)
+
+    def _carry_over_metrics(self, groups: list[CarriedGroup]) -> dict[str, float]:
+        """What the step trained and what it carries into the next, in steps (the group's first
+        step against the one training it) and rollouts (call with the lock held)."""
+        step = self._steps_done + 1
+        carried = self._running_rollouts + sum(group.n_rollouts for group in self._ready)
+        first_steps = [*self._running_first_steps, *(group.first_step for group in self._ready)]
+        metrics = {
+            "training/async/n_prev_carry_over_rollouts": float(self._n_carried_rollouts),
+            "training/async/n_completed_rollouts": float(sum(group.n_rollouts for group in groups)),
+            "training/async/n_new_carry_over_rollouts": float(carried),
+            "training/async/new_carry_over_age_max_steps": float(
+                max((step - f for f in first_steps), default=0)
+            ),
+        }
+        self._n_carried_rollouts = carried
+        if groups:
+            lags = [step - group.first_step for group in groups]
+            metrics["training/async/trained_group_staleness/mean"] = sum(lags) / len(lags)
+            metrics["training/async/trained_group_staleness/max"] = float(max(lags))
         return metrics
 
 
