@@ -33,6 +33,7 @@ from verl.workers.rollout import base as rollout_base
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_trainer import cli
 from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
@@ -259,13 +260,21 @@ def test_shutdown_stops_every_replica_server_and_the_load_balancer(
             ray.get(handle.__ray_ready__.remote())
 
 
+@pytest.mark.server
 def test_ctrl_c_stops_every_replica_and_prints_the_step_and_checkpoint(
-    ray_session: None, model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ray_session: None,
+    model_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    fresh_agl_server: AglServerProcess,
 ) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     overrides = [
         *hybrid_overrides(model_path),
+        # The first publish pauses and drains the gateway before the weight sync Ctrl-C stops.
+        f"agentlightning.agl_base_url={fresh_agl_server.url}",
+        f"agentlightning.agl_key={TEST_KEY}",
         f"data.train_files={rows}",
         f"data.val_files={rows}",
         f"trainer.default_local_dir={tmp_path / 'checkpoints'}",

@@ -7,6 +7,7 @@ absent, failed under CI. Starting vLLM takes one to two minutes on 2 cores.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -41,6 +42,7 @@ from agl_trainer.local import (
     vllm_cpu_spec,
     vllm_env,
 )
+from agl_trainer.weights import ExternalVllmPush
 from agl_types import ModelRegistration, RolloutCreate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -164,6 +166,26 @@ def test_push_of_other_weights_than_expected_is_reported(stack: Stack) -> None:
     wrong = _hf_prompt_logprobs(stack.weights[1], probe)
     with pytest.raises(WeightPushError, match="differ from the expected ones"):
         stack.client.push_weights(stack.weights[0], probe, expected_logprobs=wrong)
+
+
+def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(stack: Stack, tmp_path: Path) -> None:
+    _serve(stack, 1)
+
+    class CopyingWorkers:
+        """An actor whose update changed nothing: it saves the weights vLLM already serves."""
+
+        def save_hf_weights(self, path: Path) -> Path:
+            return Path(shutil.copytree(stack.weights[1], path))
+
+    pusher = ExternalVllmPush(
+        [stack.vllm.openai_url],
+        stack.vllm.served_model_name,
+        tmp_path / "weights",
+        initial_weights=stack.weights[1],
+    )
+    metrics = pusher.push(cast(Any, CopyingWorkers()), 1)
+    assert metrics == {"training/weight_version": 1.0, "training/weight_push_identical": 1.0}
+    assert pusher.served_version == 1
 
 
 def test_registered_weight_version_reaches_model_request_events(stack: Stack) -> None:

@@ -6,6 +6,7 @@ no weights are pushed; every other part of the step runs for real.
 
 from __future__ import annotations
 
+import itertools
 import json
 import zipfile
 from collections import Counter
@@ -215,6 +216,35 @@ def test_step_with_no_trainable_rows_is_logged_and_still_writes_trajectories_val
     validation = _zipped_jsonl(written / "validation_trajectories.jsonl.zip")
     assert len(validation) == len(VAL_ROWS)
     assert sorted(r["rollout_id"] for r in train + validation) == sorted(agents.stats.claimed)
+
+
+def test_the_weight_version_counts_published_updates_so_a_step_that_trains_nothing_ages_no_group(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    trainer = _trainer(
+        model_path,
+        fresh_agl_server,
+        tmp_path,
+        "agentlightning.drop_failed_rollouts=true",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+    )
+    steps = _record_step_metrics(trainer)
+    pushes = _record_weight_pushes(trainer)
+    claimed = itertools.count()
+    alternating = _alternating()
+
+    def first_step_fails(rollout: dict[str, Any]) -> AgentBehaviour:
+        # The first step's 4 rollouts fail and are dropped: no training row; later ones train.
+        if next(claimed) < 4:
+            return AgentBehaviour(outcome="failed", reward=None)
+        return alternating(rollout)
+
+    with FakeAgents(fresh_agl_server.url, behaviour=first_step_fails):
+        trainer.fit()
+    assert [s["training/n_sample_trained"] for s in steps] == [0, 4]
+    assert trainer.weight_version == 1  # one update was published, over two steps
+    assert pushes == ["push 0", "release", "push 1"]
 
 
 def test_startup_hook_that_raises_is_logged_and_training_goes_on(

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 
 from agl_trainer.local.errors import WeightPushError
-from agl_trainer.weights import ExternalVllmPush
+from agl_trainer.weights import ExternalVllmPush, same_tensors
 
 pytestmark = pytest.mark.verl
 
@@ -36,3 +36,21 @@ def test_a_new_version_is_saved_then_an_unreachable_server_is_named(tmp_path: Pa
         pusher.push(cast(Any, SavingWorkers()), 3)
     assert saved == [tmp_path / "weights" / "step_3"]
     assert pusher.served_version == 0
+
+
+def test_same_tensors_compares_values_across_dtypes_and_refuses_other_weights(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    def folder(name: str, tensors: dict[str, torch.Tensor]) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        save_file(tensors, str(path / "model.safetensors"))
+        return path
+
+    weight = torch.tensor([[0.5, -1.25], [2.0, 0.0]])
+    served = folder("served", {"w": weight})
+    assert same_tensors(folder("copy", {"w": weight.to(torch.bfloat16)}), served)
+    assert not same_tensors(folder("moved", {"w": weight + 0.5}), served)
+    assert not same_tensors(folder("renamed", {"v": weight}), served)
+    assert not same_tensors(tmp_path / "served", tmp_path / "nothing")

@@ -60,7 +60,8 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
   mode=sync|async|fully-async
                        same as --sync/--async/--fully-async (agentlightning.async_rollout.enabled,
                        agentlightning.fully_async.enabled; the actor recomputes the old
-                       log-probs, so PPO clips around the current policy: decoupled PPO)
+                       log-probs and each token is weighted by min(pi_prox/pi_behaviour, 2):
+                       decoupled PPO, fully_async.behaviour_weight_cap)
   max_staleness=K      same as --max-staleness (agentlightning.fully_async.max_staleness; 0 = on-policy)
   tool_latency=M:P99   same as --tool-latency: each toy-task tool call waits a lognormal time with
                        median M and 99th percentile P99 seconds (embedded default only; off by default)

@@ -58,7 +58,13 @@ def default_weight_pusher(config: DictConfig, endpoints: Sequence[str]) -> Weigh
     weights_dir = config.agentlightning.external_servers.get("weights_dir")
     if not weights_dir:
         return NoWeightPush()
-    return ExternalVllmPush(endpoints, served_model_name(config), Path(weights_dir))
+    initial = Path(str(config.actor_rollout_ref.model.path))
+    return ExternalVllmPush(
+        endpoints,
+        served_model_name(config),
+        Path(weights_dir),
+        initial_weights=initial if initial.is_dir() else None,
+    )
 
 
 def served_model_name(config: DictConfig) -> str:

@@ -55,6 +55,8 @@ class Publisher:
         self.client.register_models(self.registrations())
         if self.resume:
             self.client.resume()
+        else:
+            drain = {}  # the step's take already paused and drained: its metrics say what was in flight
         return {
             **metrics,
             **drain,

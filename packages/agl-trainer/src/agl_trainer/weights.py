@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Protocol
 
 import httpx
+import torch
 
-from agl_trainer.local.errors import WeightPushError
+from agl_trainer.local.errors import UnchangedWeightsError, WeightPushError
 from agl_trainer.local.vllm_client import VllmClient
 from agl_trainer.workers import PolicyWorkers
 
@@ -52,14 +53,20 @@ class ExternalVllmPush:
     """Save HF weights to ``weights_dir/step_<version>`` and reload them on every vLLM server.
 
     Only the newest folder is kept: once every server has reloaded, older ones are removed. The
-    servers start with the initial model (version 0); pushing the version they serve is a no-op.
+    servers start with ``initial_weights`` (version 0); pushing the version they serve is a no-op.
+    A reload that leaves the probe's log-probs unchanged is accepted when the new folder's tensors
+    equal the served folder's (an update that changed nothing, e.g. zero advantages everywhere);
+    otherwise it is an error.
     """
 
-    def __init__(self, endpoints: Sequence[str], model: str, weights_dir: Path) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], model: str, weights_dir: Path, *, initial_weights: Path | None = None
+    ) -> None:
         self.endpoints = tuple(endpoints)
         self.model = model
         self.weights_dir = Path(weights_dir)
         self.served_version = 0
+        self.served_weights = initial_weights
 
     def release(self) -> None:
         return None  # the servers run on their own devices
@@ -69,11 +76,16 @@ class ExternalVllmPush:
             return {"training/weight_version": float(version)}
         target = self.weights_dir / f"step_{version}"
         workers.save_hf_weights(target)
+        identical = 0.0
         for endpoint in self.endpoints:
             try:
                 with VllmClient(_server_root(endpoint), self.model) as client:
                     # push_weights fails loudly when the served log-probs of the probe did not change.
                     client.push_weights(target, _PROBE_IDS)
+            except UnchangedWeightsError:
+                if self.served_weights is None or not same_tensors(target, self.served_weights):
+                    raise
+                identical = 1.0
             except httpx.HTTPError as exc:
                 raise WeightPushError(
                     f"could not push weights version {version} ({target}) to the vLLM server at {endpoint}: "
@@ -82,8 +94,27 @@ class ExternalVllmPush:
         for old in self.weights_dir.glob("step_*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
-        self.served_version = version
-        return {"training/weight_version": float(version)}
+        self.served_version, self.served_weights = version, target
+        metrics = {"training/weight_version": float(version)}
+        if identical:
+            metrics["training/weight_push_identical"] = identical
+        return metrics
+
+
+def same_tensors(left: Path, right: Path) -> bool:
+    """Whether two Hugging Face folders hold the same tensors (names, shapes and values; dtypes
+    may differ, as vLLM casts on load)."""
+    from safetensors.torch import load_file
+
+    def tensors(folder: Path) -> dict[str, torch.Tensor]:
+        return {
+            name: t for file in sorted(folder.glob("*.safetensors")) for name, t in load_file(file).items()
+        }
+
+    a, b = tensors(left), tensors(right)
+    if not a or a.keys() != b.keys():
+        return False
+    return all(a[k].shape == b[k].shape and torch.equal(a[k].double(), b[k].double()) for k in a)
 
 
 def _server_root(endpoint: str) -> str:
@@ -92,4 +123,4 @@ def _server_root(endpoint: str) -> str:
     return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
 
 
-__all__ = ("ExternalVllmPush", "NoWeightPush", "WeightPusher")
+__all__ = ("ExternalVllmPush", "NoWeightPush", "WeightPusher", "same_tensors")

@@ -17,7 +17,7 @@ from types import TracebackType
 
 import httpx
 
-from agl_trainer.local.errors import WeightPushError
+from agl_trainer.local.errors import UnchangedWeightsError, WeightPushError
 
 _RESET_ATTEMPTS = 20
 _RESET_RETRY_SECONDS = 0.25
@@ -107,7 +107,7 @@ class VllmClient:
                     f"{worst:.3g} > atol={atol}; check that the folder holds the trainer's current weights"
                 )
         elif after == before:
-            raise WeightPushError(
+            raise UnchangedWeightsError(
                 f"served log-probs of the probe are unchanged after reloading {weights_path}; the folder "
                 "holds the weights vLLM already had, or the reload was ignored"
             )

@@ -1,0 +1,193 @@
+"""Exactly once across a crash: a fully-async run SIGKILLed mid-run, agl-server and the agents left
+up, resumed from its last checkpoint by a new process, trains every sample it drew once.
+
+The trainer runs in a process of its own (:mod:`agl_testing.trainer_child`), which records the
+samples its collector draws, the checkpoints it begins and the samples each step trains. The
+collector runs ahead (no staleness bound, 5 groups held, so a loader batch of 2 is cut and its
+tail kept for the next draw) across the epoch boundary (8 samples, 2 groups a step, 6 steps). What counts: the first run's draws and steps up to the
+checkpoint the second run resumes from, and the second run's up to its final checkpoint. Per
+sample, the times it was drawn must equal the times it was trained plus the times it is still
+held at the end: a sample trained twice or skipped breaks the count ; and the resumed run must
+draw on where the checkpoint left the loader, as the first run did after it, so no sample is
+skipped (a sample cut off a loader batch and lost at the resume would shift every later draw).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agl_testing.agents import AgentBehaviour, FakeAgents
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.tiny_model import build_tiny_model
+
+pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+B = 2
+N = 2
+STEPS = 6
+ROWS = [{"x": i} for i in range(8)]
+TESTS_DIR = Path(__file__).resolve().parents[3] / "tests"
+WAIT_S = 600.0
+
+
+def _overrides(server: AglServerProcess, model: Path, out: Path) -> list[str]:
+    return [
+        *CPU_MODE_OVERRIDES,
+        f"actor_rollout_ref.model.path={model}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.actor.use_dynamic_bsz=false",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        f"data.train_batch_size={B}",
+        "data.seed=7",
+        "trainer.n_gpus_per_node=1",
+        "trainer.nnodes=1",
+        f"trainer.total_training_steps={STEPS}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=2",
+        "trainer.logger=[console]",
+        "trainer.balance_batch=false",
+        f"trainer.default_local_dir={out / 'ckpt'}",
+        f"agentlightning.agl_base_url={server.url}",
+        f"agentlightning.agl_key={TEST_KEY}",
+        "agentlightning.poll_interval_seconds=0.05",
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
+        "agentlightning.trace_aggregator.trajectory_max_response_length=32",
+        "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
+        "agentlightning.fully_async.enabled=true",
+        "agentlightning.fully_async.max_staleness=null",
+        # 5 groups held, the loader's batches 2: every checkpoint has a sample cut off a batch.
+        "agentlightning.fully_async.max_groups_in_flight=5",
+    ]
+
+
+def _alternating(rollout: dict[str, Any]) -> AgentBehaviour:
+    """Half of each group earns 1 with other tokens, so every group has a gradient."""
+    shift = int(rollout["rollout_id"], 16) % 2
+    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift)
+
+
+def _start(overrides: list[str], record: Path) -> subprocess.Popen[bytes]:
+    spec = record.with_suffix(".spec.json")
+    spec.write_text(
+        json.dumps(
+            {"overrides": overrides, "train_rows": ROWS, "val_rows": [{"x": 100}], "record": str(record)}
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+    log = record.with_suffix(".log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "agl_testing.trainer_child", str(spec)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _entries(record: Path) -> list[dict[str, Any]]:
+    if not record.exists():
+        return []
+    return [json.loads(line) for line in record.read_text().splitlines() if line.endswith("}")]
+
+
+def _counted_up_to_checkpoint(record: Path, checkpoint: int) -> tuple[Counter[int], Counter[int]]:
+    """(drawn, trained) per sample, from the run's start to the beginning of checkpoint ``checkpoint``."""
+    drawn: Counter[int] = Counter()
+    trained: Counter[int] = Counter()
+    for entry in _entries(record):
+        if entry.get("checkpoint") == checkpoint:
+            return drawn, trained
+        drawn.update(entry.get("drawn", []))
+        trained.update({x: n // N for x, n in Counter(entry.get("trained", [])).items()})
+    raise AssertionError(f"{record} has no checkpoint {checkpoint}")
+
+
+def _draws_after_checkpoint(record: Path, checkpoint: int | None) -> list[int]:
+    """The samples drawn after the beginning of checkpoint ``checkpoint`` (None: from the start), in order."""
+    draws: list[int] = []
+    started = checkpoint is None
+    for entry in _entries(record):
+        started = started or entry.get("checkpoint") == checkpoint
+        if started:
+            draws += entry.get("drawn", [])
+    return draws
+
+
+def _state_at(ckpt: Path, step: int) -> tuple[Counter[int], list[int]]:
+    """The checkpoint's held groups per sample, and its loader samples cut off but not drawn yet."""
+    state = json.loads((ckpt / f"global_step_{step}" / "agl_state.json").read_text())
+    held: Counter[int] = Counter()
+    for group in state["async_state"]["groups"]:
+        members = [*group["pending"].values(), *group["completed"]]
+        held[int(members[0]["input"]["x"])] += 1
+    return held, [int(row["x"]) for row in state["leftover_samples"]]
+
+
+def _wait_for(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not done():
+        if child.poll() is not None:
+            raise AssertionError(
+                f"the trainer exited ({child.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {WAIT_S} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once(
+    fresh_agl_server: AglServerProcess, tmp_path: Path
+) -> None:
+    model = build_tiny_model(tmp_path / "model", seed=0)
+    overrides = _overrides(fresh_agl_server, model, tmp_path)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
+        child = _start(overrides, first)
+        try:
+            _wait_for(
+                lambda: any(e.get("step", 0) >= 3 for e in _entries(first)),
+                "step 3",
+                child,
+                first.with_suffix(".log"),
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # it may have failed on its own
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        resumed_from = int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+        child = _start(overrides, second)
+        _wait_for(
+            lambda: child.poll() is not None, "the resumed run's end", child, second.with_suffix(".log")
+        )
+        assert child.returncode == 0, second.with_suffix(".log").read_text()[-4000:]
+    drawn_before, trained_before = _counted_up_to_checkpoint(first, resumed_from)
+    drawn_after, trained_after = _counted_up_to_checkpoint(second, STEPS)
+    trained = trained_before + trained_after
+    held_then, cut_off_then = _state_at(tmp_path / "ckpt", resumed_from)
+    held_at_end, _ = _state_at(tmp_path / "ckpt", STEPS)
+    assert resumed_from >= 2
+    assert (sum(held_then.values()), len(cut_off_then)) == (5, 1)  # the resume carried both on
+    assert sum(trained.values()) == STEPS * B
+    # The resumed run draws on where the checkpoint left the loader (and its cut-off sample): what
+    # the first run drew after that checkpoint, in the same order (the loader's seed is fixed).
+    redrawn, resumed = _draws_after_checkpoint(first, resumed_from), _draws_after_checkpoint(second, None)
+    assert redrawn and resumed[: len(redrawn)] == redrawn[: len(resumed)]
+    assert trained + held_at_end == drawn_before + drawn_after
