@@ -158,6 +158,8 @@ class GroupCollector:
             self._lock.notify_all()
             while self._state_copy is None:
                 self._raise_error()
+                if not self._thread.is_alive():  # stopped meanwhile: nothing changes the groups now
+                    return self._copy_state()
                 self._lock.wait(1.0)
             return self._state_copy
 
