@@ -272,8 +272,8 @@ class AsyncRolloutManager:
     def cancel_pending(self, reason: str) -> int:
         """Fail and delete every pending member on the server, so no agent runs or queues them on;
         the groups stay held (a checkpoint's copy re-creates them on resume). Returns how many."""
-        pending = [record for group in self._groups.values() for record in group.pending.values()]
-        for record in pending:
+        pending = self.pending_rollouts()
+        for record in pending.values():
             self._tracker.cancel(record, reason)
         return len(pending)
 

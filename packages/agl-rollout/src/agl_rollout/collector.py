@@ -107,9 +107,9 @@ class GroupCollector:
         """Groups a waiting take has kept so far: still held, so they count against admission."""
         self._to_requeue: list[tuple[CarriedGroup, int]] = []
         self._pending: dict[str, EnqueuedRollout] = {}
-        self._n_running_groups = manager.n_groups_held
-        self._running_rollouts = 0
-        self._running_first_steps: list[int] = []
+        self._running_first_steps = [group.first_step for group in manager.groups()]
+        """The first step of each group the manager holds (running, or complete since the last sweep)."""
+        self._running_rollouts = sum(group.n_rollouts for group in manager.groups())
         self._n_carried_rollouts = 0
         self._counts = WaitCounts()
         self._hook_errors_seen = self._hook_errors = manager.hooks.n_errors
@@ -319,9 +319,9 @@ class GroupCollector:
                     self._ready.extend(complete)
                     _add_counts(self._counts, counts)
                     self._pending = self.manager.pending_rollouts()
-                    self._n_running_groups = self.manager.n_groups_held
-                    self._running_rollouts = sum(g.n_rollouts for g in self.manager.groups())
-                    self._running_first_steps = [g.first_step for g in self.manager.groups()]
+                    running = self.manager.groups()
+                    self._running_first_steps = [group.first_step for group in running]
+                    self._running_rollouts = sum(group.n_rollouts for group in running)
                     self._hook_errors = self.manager.hooks.n_errors
                     self.n_polls += 1
                     if self._state_wanted:
@@ -394,7 +394,7 @@ class GroupCollector:
             **lifecycle_metrics(completed),
             "training/n_hook_errors": float(hook_errors),
             "training/async/wait_seconds": waited,
-            "training/async/groups_held": float(self._n_running_groups + len(self._ready)),
+            "training/async/groups_held": float(len(self._running_first_steps) + len(self._ready)),
             "training/async/n_pending_rollouts": float(len(self._pending)),
             "training/async/n_trained_groups_without_weight_version": float(len(groups) - len(ages)),
             "training/async/n_lost_rollouts_recreated": float(recreated),

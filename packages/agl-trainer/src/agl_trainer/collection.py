@@ -40,7 +40,7 @@ from agl_rollout import (
 )
 from agl_trainer.drain import Drain
 from agl_trainer.dynamic_sampling import DynamicSampling
-from agl_trainer.settings import AglSettings
+from agl_trainer.settings import AglSettings, batch_sizes
 from agl_types import CompletedRollout, ModelRegistration
 
 logger = logging.getLogger(__name__)
@@ -97,9 +97,7 @@ class Collection:
         include_images: bool = False,
     ) -> Collection:
         """The collection ``config`` describes; ``include_images`` reads each model call's images."""
-        data = config.data
-        train_batch_size = int(data.train_batch_size)
-        gen_batch_size = int(data.get("gen_batch_size") or train_batch_size)
+        train_batch_size, gen_batch_size = batch_sizes(config)
         return cls(
             client,
             RolloutManagerConfig(
@@ -141,6 +139,7 @@ class Collection:
             state=self._restored,
         )
         manager.hooks.startup()
+        self._open_gateway_for_admission()
         self.collector = GroupCollector(
             manager, self.top_up.next_batch, self.gate, admission=self.admission, steps_done=steps_done
         ).start()
@@ -210,8 +209,7 @@ class Collection:
 
     def step_done(self) -> None:
         """The step is over: open the gateway (sync modes) and admit the next step's groups."""
-        if not self.admission.overlap:
-            self.client.resume()
+        self._open_gateway_for_admission()
         if self.collector is not None:
             self.collector.step_done()
 
@@ -231,6 +229,12 @@ class Collection:
             completed.extend(result.completed)
             drain = {**result.metrics, **drain}
         return completed, {key.replace("training/", "val/", 1): value for key, value in drain.items()}
+
+    def _open_gateway_for_admission(self) -> None:
+        """In the sync modes, resume the gateway before groups are admitted: an agent that found it
+        paused would wait out the drain's Retry-After (5 s) before its first call."""
+        if not self.admission.overlap:
+            self.client.resume()
 
     def _with_gateway_open(self, step: int, wait: Callable[[], _T]) -> tuple[_T, dict[str, float]]:
         """``wait``; in the sync modes with the gateway resumed for it, then paused and drained, so

@@ -47,7 +47,7 @@ from agl_trainer.local import (
     vllm_cpu_spec,
 )
 from agl_trainer.plot import plot_metrics
-from agl_trainer.settings import AglSettings
+from agl_trainer.settings import AglSettings, batch_sizes
 from agl_trainer.tiny_model import build_tiny_model
 
 DEMO_STEPS = 25
@@ -158,9 +158,7 @@ def with_file_logger(config: DictConfig) -> DictConfig:
 
 def agent_slots(config: DictConfig) -> int:
     """How many local agents run at once: every rollout the configured mode keeps in flight."""
-    train_batch_size = int(config.data.train_batch_size)
-    gen_batch_size = int(config.data.get("gen_batch_size") or train_batch_size)
-    admission = AglSettings.from_config(config).admission(train_batch_size, gen_batch_size)
+    admission = AglSettings.from_config(config).admission(*batch_sizes(config))
     return int(config.actor_rollout_ref.rollout.n) * admission.max_groups
 
 

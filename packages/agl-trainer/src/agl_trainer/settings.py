@@ -195,13 +195,19 @@ def _optional_str(value: Any) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def batch_sizes(config: DictConfig) -> tuple[int, int]:
+    """(``data.train_batch_size``, the generation batch: ``data.gen_batch_size``, else the train batch)."""
+    train_batch_size = int(config.data.train_batch_size)
+    return train_batch_size, int(config.data.get("gen_batch_size") or train_batch_size)
+
+
 def validate_config(config: DictConfig) -> AglSettings:
     """Check every combination agl cannot train with; return the typed settings.
 
     Raises ``ValueError`` naming the offending key and what would fix it.
     """
     settings = AglSettings.from_config(config)
-    train_batch_size = int(config.data.train_batch_size)
+    train_batch_size, gen_batch_size = batch_sizes(config)
     if settings.level not in TRACE_AGGREGATOR_LEVELS:
         raise ValueError(
             f"agentlightning.trace_aggregator.level is {settings.level!r}; "
@@ -215,7 +221,6 @@ def validate_config(config: DictConfig) -> AglSettings:
             f"> data.train_batch_size ({train_batch_size}) when agentlightning.async_rollout.enabled=true"
         )
     _check_fully_async(settings)
-    gen_batch_size = int(config.data.get("gen_batch_size") or train_batch_size)
     groups = settings.max_groups_in_flight
     if settings.fully_async and groups is not None and groups < gen_batch_size:
         raise ValueError(
@@ -401,6 +406,7 @@ __all__ = (
     "ROUTER_REPLAY_KEYS",
     "TRACE_AGGREGATOR_LEVELS",
     "AglSettings",
+    "batch_sizes",
     "gateway_model_name",
     "validate_config",
 )

@@ -285,7 +285,6 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.global_steps = 0
         self._load_checkpoint()
         self.publisher.publish(self.workers, self.weight_version)
-        self.client.resume()
         if trainer_cfg.get("val_before_train", True):
             tracker.log(data=self.validate(), step=self.global_steps)
             if trainer_cfg.get("val_only", False):

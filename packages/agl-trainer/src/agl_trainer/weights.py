@@ -76,16 +76,17 @@ class ExternalVllmPush:
             return {"training/weight_version": float(version)}
         target = self.weights_dir / f"step_{version}"
         workers.save_hf_weights(target)
-        identical = 0.0
+        identical: bool | None = None  # compared once, on the first server whose probe did not move
         for endpoint in self.endpoints:
             try:
                 with VllmClient(_server_root(endpoint), self.model) as client:
                     # push_weights fails loudly when the served log-probs of the probe did not change.
                     client.push_weights(target, _PROBE_IDS)
             except UnchangedWeightsError:
-                if self.served_weights is None or not same_tensors(target, self.served_weights):
+                if identical is None:
+                    identical = self.served_weights is not None and same_tensors(target, self.served_weights)
+                if not identical:
                     raise
-                identical = 1.0
             except httpx.HTTPError as exc:
                 raise WeightPushError(
                     f"could not push weights version {version} ({target}) to the vLLM server at {endpoint}: "
@@ -97,7 +98,7 @@ class ExternalVllmPush:
         self.served_version, self.served_weights = version, target
         metrics = {"training/weight_version": float(version)}
         if identical:
-            metrics["training/weight_push_identical"] = identical
+            metrics["training/weight_push_identical"] = 1.0
         return metrics
 
 
