@@ -15,8 +15,8 @@ import pytest
 from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.trainer_spies import record_trained_data_ids
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.entrypoint import build_trainer, compose_config
 from agl_trainer.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
@@ -32,33 +32,8 @@ def _trainer(server: AglServerProcess, out: Path, *extra: str) -> AglRayPPOTrain
     model = build_tiny_model(out / "model", seed=0)
     config = compose_config(
         [
-            *CPU_MODE_OVERRIDES,
-            f"actor_rollout_ref.model.path={model}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.rollout.name=vllm",
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-            "actor_rollout_ref.actor.use_dynamic_bsz=false",
-            "actor_rollout_ref.actor.use_kl_loss=false",
-            f"data.train_batch_size={B}",
-            "trainer.n_gpus_per_node=1",
-            "trainer.nnodes=1",
+            *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B),
             "trainer.total_training_steps=2",
-            "trainer.val_before_train=false",
-            "trainer.test_freq=-1",
-            "trainer.save_freq=2",
-            "trainer.logger=[console]",
-            "trainer.balance_batch=false",
-            f"trainer.default_local_dir={out / 'ckpt'}",
-            f"agentlightning.agl_base_url={server.url}",
-            f"agentlightning.agl_key={TEST_KEY}",
-            "agentlightning.poll_interval_seconds=0.05",
-            "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
-            "agentlightning.trace_aggregator.trajectory_max_response_length=32",
-            "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
-            "agentlightning.fully_async.enabled=true",
             "agentlightning.fully_async.max_staleness=1",
             *extra,
         ]

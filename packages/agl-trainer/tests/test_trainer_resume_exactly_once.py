@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_testing.agl_server import AglServerProcess
+from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_trainer.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -44,34 +44,9 @@ WAIT_S = 600.0
 
 def _overrides(server: AglServerProcess, model: Path, out: Path) -> list[str]:
     return [
-        *CPU_MODE_OVERRIDES,
-        f"actor_rollout_ref.model.path={model}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-        f"actor_rollout_ref.rollout.n={N}",
-        "actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.actor.use_dynamic_bsz=false",
-        "actor_rollout_ref.actor.use_kl_loss=false",
-        f"data.train_batch_size={B}",
+        *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B, rollout_n=N),
         "data.seed=7",
-        "trainer.n_gpus_per_node=1",
-        "trainer.nnodes=1",
         f"trainer.total_training_steps={STEPS}",
-        "trainer.val_before_train=false",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=2",
-        "trainer.logger=[console]",
-        "trainer.balance_batch=false",
-        f"trainer.default_local_dir={out / 'ckpt'}",
-        f"agentlightning.agl_base_url={server.url}",
-        f"agentlightning.agl_key={TEST_KEY}",
-        "agentlightning.poll_interval_seconds=0.05",
-        "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
-        "agentlightning.trace_aggregator.trajectory_max_response_length=32",
-        "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
-        "agentlightning.fully_async.enabled=true",
         "agentlightning.fully_async.max_staleness=null",
         # 5 groups held, the loader's batches 2: every checkpoint has a sample cut off a batch.
         "agentlightning.fully_async.max_groups_in_flight=5",
