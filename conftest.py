@@ -8,7 +8,7 @@ import os
 # Under `uv run pytest`, Ray (>= 2.47) would start every worker with `uv run` inside a copy of
 # the project that has no venv (the .gitignore'd .venv is not copied), and the workers die with
 # "No module named 'ray'". Ray reads this when it is imported, so it is set before any test
-# module imports it; agl_trainer.workers sets the same for the workers' own children.
+# module imports it; agl_trainer.verl_glue.workers sets the same for the workers' own children.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 pytest_plugins = (

@@ -49,7 +49,7 @@ class StepTimers:
     def install(self) -> Callable[[], None]:
         """Wrap the trainer's methods and ``time.sleep``; returns the function that undoes it."""
         from agl_rollout import AglClient
-        from agl_trainer.collection import Collection
+        from agl_trainer.step.collection import Collection
         from agl_trainer.trainer import AglRayPPOTrainer
 
         originals: list[tuple[Any, str, Any]] = []
@@ -200,7 +200,7 @@ def main() -> None:
     if args.steps < 2:
         parser.error("--steps must be >= 2 (the first step is left out as warm-up)")
     from agl_trainer.cli import configure_logging
-    from agl_trainer.demo import run_embedded_default
+    from agl_trainer.local.demo import run_embedded_default
 
     configure_logging()
     timers = StepTimers()

@@ -55,7 +55,7 @@ from agl_trainer.local import (
     ensure_tool_env,
     start_agl_server,
 )
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.local.tiny_model import build_tiny_model
 
 SERVED = "smoke-policy"  # deliberately not the model path
 run = cache_dir() / "runs" / f"gpu-smoke-{time.strftime('%Y%m%d-%H%M%S')}"

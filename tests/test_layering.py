@@ -207,7 +207,11 @@ def test_checker_allows_function_bodies_and_type_checking_blocks(tmp_path: Path)
     assert _violations(ALGOS, tmp_path) == []
 
 
-TRAINER_WORKER_MODULES = ("agl_trainer.workers", "agl_trainer._cpu_platform", "agl_trainer.actor_worker")
+TRAINER_WORKER_MODULES = (
+    "agl_trainer.verl_glue.workers",
+    "agl_trainer.verl_glue.cpu_platform",
+    "agl_trainer.verl_glue.actor_worker",
+)
 """Within agl_trainer, each of these may import the ones after it, never one before it (no cycle)."""
 
 

@@ -25,7 +25,7 @@ def ray_cluster() -> Iterator[None]:
     for the session; the module must release every CPU it took by its end."""
     import ray
 
-    from agl_trainer.workers import ray_runtime_env
+    from agl_trainer.verl_glue.workers import ray_runtime_env
 
     if not ray.is_initialized():
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, runtime_env=ray_runtime_env("cpu"))

@@ -31,10 +31,10 @@ def _xs(batch: Mapping[str, Any]) -> list[int]:
 
 
 def main(spec_path: str) -> None:
-    from agl_trainer._cpu_platform import enable_cpu_platform
+    from agl_trainer.verl_glue.cpu_platform import enable_cpu_platform
 
     enable_cpu_platform()  # before verl's modules that read the device at import time
-    from agl_trainer.entrypoint import build_trainer, compose_config, init_ray
+    from agl_trainer.assembly import build_trainer, compose_config, init_ray
 
     spec = json.loads(Path(spec_path).read_text())
     config = compose_config(spec["overrides"])

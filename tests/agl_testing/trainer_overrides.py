@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 
 def fully_async_fake_agent_overrides(

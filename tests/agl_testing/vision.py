@@ -26,7 +26,7 @@ MERGE = 2
 
 
 def _tokenizer() -> Any:
-    from agl_trainer.tiny_model import IM_START, build_tiny_tokenizer
+    from agl_trainer.local.tiny_model import IM_START, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens(

@@ -20,8 +20,7 @@ import torch
 from agl_rollout import AglClient
 from agl_testing.requirements import missing_requirement
 from agl_testing.waiting import wait_until
-from agl_trainer.demo import DEMO_OVERRIDES
-from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.assembly import build_trainer, compose_config
 from agl_trainer.local import (
     AGENT_CLASSES,
     DEFAULT_SERVED_MODEL,
@@ -32,7 +31,6 @@ from agl_trainer.local import (
     CompletionModel,
     DigitToolTask,
     LocalAgentRunner,
-    VllmClient,
     VllmServer,
     agent_import_path,
     agl_server_spec,
@@ -42,7 +40,9 @@ from agl_trainer.local import (
     start_vllm,
     vllm_cpu_spec,
 )
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.local.demo import DEMO_OVERRIDES
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.serving.vllm_client import VllmClient
 from agl_trainer.trainer import AglRayPPOTrainer
 from agl_types import CompletedRollout, RolloutState, Triplet
 

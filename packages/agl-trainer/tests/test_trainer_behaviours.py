@@ -37,10 +37,10 @@ from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess, 
 from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.http import call
 from agl_trainer import run_ppo
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers
+from agl_trainer.assembly import compose_config
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.workers import PolicyWorkers
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
 

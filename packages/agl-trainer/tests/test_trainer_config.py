@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agl_adapter import ZippedJsonlArtifacts
-from agl_trainer.entrypoint import compose_config
+from agl_trainer.assembly import compose_config
 from agl_trainer.settings import validate_config
 
 pytestmark = pytest.mark.verl

@@ -6,8 +6,9 @@ import pytest
 import torch
 from verl.plugin.platform import PlatformRegistry, get_platform
 
-from agl_trainer import _cpu_platform, workers
-from agl_trainer._compat import SUPPORTED_VERL, check_verl_version
+from agl_trainer.verl_glue import cpu_platform as platform_module
+from agl_trainer.verl_glue import workers
+from agl_trainer.verl_glue.compat import SUPPORTED_VERL, check_verl_version
 
 pytestmark = pytest.mark.verl
 
@@ -23,15 +24,15 @@ def restore_verl_globals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def cpu_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+def cpu_platform_selected(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
-    _cpu_platform.enable_cpu_platform()
+    platform_module.enable_cpu_platform()
 
 
-def test_enable_registers_and_selects_the_cpu_platform(cpu_platform: None) -> None:
-    assert PlatformRegistry.get("cpu") is _cpu_platform.PlatformCPU
+def test_enable_registers_and_selects_the_cpu_platform(cpu_platform_selected: None) -> None:
+    assert PlatformRegistry.get("cpu") is platform_module.PlatformCPU
     platform = get_platform()
-    assert isinstance(platform, _cpu_platform.PlatformCPU)
+    assert isinstance(platform, platform_module.PlatformCPU)
     assert (platform.device_name, platform.communication_backend_name(), platform.ray_resource_name()) == (
         "cpu",
         "gloo",
@@ -39,23 +40,23 @@ def test_enable_registers_and_selects_the_cpu_platform(cpu_platform: None) -> No
     )
 
 
-def test_enable_is_idempotent(cpu_platform: None) -> None:
+def test_enable_is_idempotent(cpu_platform_selected: None) -> None:
     first = get_platform()
-    _cpu_platform.enable_cpu_platform()
+    platform_module.enable_cpu_platform()
     assert get_platform() is first
 
 
 def test_cpu_platform_is_never_auto_detected() -> None:
-    assert _cpu_platform.PlatformCPU().is_platform_available(use_smi_check=True) is False
+    assert platform_module.PlatformCPU().is_platform_available(use_smi_check=True) is False
 
 
 def test_current_device_moves_tensors_to_cpu() -> None:
-    device = _cpu_platform.PlatformCPU().current_device()
+    device = platform_module.PlatformCPU().current_device()
     assert torch.ones(2).to(device).device == torch.device("cpu")
 
 
 def test_device_module_answers_the_cuda_style_calls_verl_makes() -> None:
-    module = _cpu_platform.PlatformCPU().device_module
+    module = platform_module.PlatformCPU().device_module
     assert module.max_memory_allocated() == 0
     free, total = module.mem_get_info()
     assert 0 < free <= total
@@ -66,28 +67,28 @@ def test_device_module_answers_the_cuda_style_calls_verl_makes() -> None:
     assert module.empty_cache() is None
 
 
-def test_cpu_engines_are_registered_for_both_fsdp_backends(cpu_platform: None) -> None:
+def test_cpu_engines_are_registered_for_both_fsdp_backends(cpu_platform_selected: None) -> None:
     from verl.workers.engine import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
-    _cpu_platform.register_cpu_engines()
-    _cpu_platform.register_cpu_engines()
+    platform_module.register_cpu_engines()
+    platform_module.register_cpu_engines()
     for backend in ("fsdp", "fsdp2"):
         assert EngineRegistry.get_engine_cls("language_model", backend) is FSDPEngineWithLMHead
         assert EngineRegistry.get_engine_cls("value_model", backend) is FSDPEngineWithValueHead
 
 
-def test_cpu_offload_policy_of_the_engine_never_pins_memory(cpu_platform: None) -> None:
+def test_cpu_offload_policy_of_the_engine_never_pins_memory(cpu_platform_selected: None) -> None:
     from verl.workers.engine.fsdp import transformer_impl
 
-    _cpu_platform.register_cpu_engines()
+    platform_module.register_cpu_engines()
     assert transformer_impl.CPUOffloadPolicy(pin_memory=True).pin_memory is False
 
 
 def test_cpu_worker_refuses_a_rollout_only_role() -> None:
     # actor_rollout is allowed: the hybrid path's CPU tests register a CPU rollout backend.
     with pytest.raises(ValueError, match="role='rollout'"):
-        _cpu_platform.CpuActorRefWorker(config=None, role="rollout")
+        platform_module.CpuActorRefWorker(config=None, role="rollout")
 
 
 def test_setup_hook_runs_every_step_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,19 +104,19 @@ def test_setup_hook_selects_the_cpu_platform_when_verl_platform_is_cpu(
 ) -> None:
     monkeypatch.setenv("VERL_PLATFORM", "cpu")
     workers.setup_worker_process()
-    assert isinstance(get_platform(), _cpu_platform.PlatformCPU)
+    assert isinstance(get_platform(), platform_module.PlatformCPU)
 
 
 def test_runtime_env_names_the_hook_and_selects_cpu_only_for_cpu() -> None:
     cpu_env = workers.ray_runtime_env("cpu")
-    assert cpu_env["worker_process_setup_hook"] == "agl_trainer.workers.setup_worker_process"
+    assert cpu_env["worker_process_setup_hook"] == "agl_trainer.verl_glue.workers.setup_worker_process"
     assert cpu_env["env_vars"]["VERL_PLATFORM"] == "cpu"
     assert "VERL_PLATFORM" not in workers.ray_runtime_env("cuda")["env_vars"]
 
 
 def test_cpu_overrides_compose_with_verl_config() -> None:
     config = workers.compose_verl_config(
-        [*_cpu_platform.CPU_MODE_OVERRIDES, "actor_rollout_ref.rollout.name=vllm"]
+        [*platform_module.CPU_MODE_OVERRIDES, "actor_rollout_ref.rollout.name=vllm"]
     )
     assert config.trainer.device == "cpu"
     assert config.actor_rollout_ref.actor.strategy == "fsdp2"

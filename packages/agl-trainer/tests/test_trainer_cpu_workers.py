@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from verl import DataProto
 
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.workers import PolicyWorkers, build_policy_workers, compose_verl_config
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

@@ -11,10 +11,10 @@ import torch
 from verl import DataProto
 
 from agl_rollout import CarriedGroup, CollectedGroups
-from agl_trainer.dynamic_sampling import DynamicSampling
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.overlong import OverlongShaping
+from agl_trainer.assembly import compose_config
 from agl_trainer.settings import validate_config
+from agl_trainer.step.dynamic_sampling import DynamicSampling
+from agl_trainer.step.overlong import OverlongShaping
 from agl_types import CompletedRollout, RolloutState
 
 pytestmark = pytest.mark.verl

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agl_trainer.demo import _stopped_note, run_embedded_default, start_message, with_file_logger
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.plot import plot_metrics, read_metrics
+from agl_trainer.assembly import compose_config
+from agl_trainer.local.demo import _stopped_note, run_embedded_default, start_message, with_file_logger
+from agl_trainer.local.plot import plot_metrics, read_metrics
 
 pytestmark = pytest.mark.verl
 

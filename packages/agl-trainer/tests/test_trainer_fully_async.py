@@ -17,8 +17,8 @@ from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.trainer_spies import record_trained_data_ids
-from agl_trainer.entrypoint import build_trainer, compose_config
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.assembly import build_trainer, compose_config
+from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
 from agl_types import RolloutState
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agl_trainer.demo import agent_slots
-from agl_trainer.entrypoint import compose_config
+from agl_trainer.assembly import compose_config
+from agl_trainer.local.demo import agent_slots
 from agl_trainer.settings import validate_config
 
 pytestmark = pytest.mark.verl

@@ -15,10 +15,10 @@ import pytest
 from omegaconf import DictConfig
 from verl.utils.config import omega_conf_to_dataclass
 
+from agl_trainer.assembly import compose_config, production_config
 from agl_trainer.cli import parse_args
-from agl_trainer.entrypoint import compose_config, production_config
 from agl_trainer.local.services import DEFAULT_MAX_RESPONSE_TOKENS, LOGPROBS_MODE
-from agl_trainer.replicas import replica_config
+from agl_trainer.serving.replicas import replica_config
 from agl_trainer.settings import validate_config
 
 pytestmark = pytest.mark.verl

@@ -2,7 +2,7 @@
 
 ``AglRayPPOTrainer.init_workers`` with no external endpoints builds the actor workers with verl's
 rollout role and starts verl's replicas through ``LLMServerManager`` and ``CheckpointEngineManager``
-(:mod:`agl_trainer.replicas`). Everything runs for real except vLLM itself, which needs a GPU: its
+(:mod:`agl_trainer.serving.replicas`). Everything runs for real except vLLM itself, which needs a GPU: its
 server actor is :class:`GpuBoundServerStandIn`, started by :class:`GpuBoundReplicaStandIn` (verl's
 real ``RolloutReplica`` with only ``launch_servers`` replaced), and the worker-side client of that
 server is :class:`GpuBoundRolloutStandIn`. Both are registered under the rollout name
@@ -35,12 +35,12 @@ from verl.workers.rollout.replica import RolloutReplica, RolloutReplicaRegistry
 
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_trainer import cli
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import build_trainer, compose_config
-from agl_trainer.replicas import VerlReplicas
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.assembly import build_trainer, compose_config
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.serving.replicas import VerlReplicas
 from agl_trainer.trainer import AglRayPPOTrainer
-from agl_trainer.workers import ray_runtime_env, setup_worker_process
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.workers import ray_runtime_env, setup_worker_process
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

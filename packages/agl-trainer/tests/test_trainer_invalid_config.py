@@ -11,7 +11,7 @@ import ray
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
 from agl_trainer import run_ppo
-from agl_trainer.entrypoint import compose_config
+from agl_trainer.assembly import compose_config
 
 pytestmark = [pytest.mark.verl, pytest.mark.server]
 

@@ -20,7 +20,6 @@ import pytest
 
 from agl_rollout import AglClient
 from agl_testing.requirements import missing_requirement
-from agl_trainer import tiny_model
 from agl_trainer.local import (
     AgentContext,
     AglServer,
@@ -31,6 +30,7 @@ from agl_trainer.local import (
     agl_server_spec,
     existing_tool_env,
     start_agl_server,
+    tiny_model,
 )
 from agl_types import ModelRegistration, Rollout, RolloutCreate
 

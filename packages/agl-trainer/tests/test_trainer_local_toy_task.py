@@ -12,8 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from agl_trainer import tiny_model
-from agl_trainer.local import AgentContext, Completion, DigitToolTask
+from agl_trainer.local import AgentContext, Completion, DigitToolTask, tiny_model
 from agl_trainer.local.toy_task import (
     PROMPTS,
     TOY_TASKS,

@@ -25,24 +25,24 @@ from agl_rollout import AglClient, model_registrations
 from agl_testing.agents import model_request_data
 from agl_testing.requirements import missing_requirement
 from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE
-from agl_trainer import tiny_model
 from agl_trainer.local import (
     AglServer,
     AglServerApi,
     DigitToolTask,
     LocalAgentRunner,
     ToolEnvSpec,
-    VllmClient,
     VllmServer,
-    WeightPushError,
     agl_server_spec,
     existing_tool_env,
     start_agl_server,
     start_vllm,
+    tiny_model,
     vllm_cpu_spec,
     vllm_env,
 )
-from agl_trainer.weights import ExternalVllmPush
+from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.vllm_client import VllmClient
+from agl_trainer.serving.weights import ExternalVllmPush
 from agl_types import ModelRegistration, RolloutCreate
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agl_trainer.entrypoint import load_rows, production_config
+from agl_trainer.assembly import load_rows, production_config
 
 pytestmark = pytest.mark.verl
 

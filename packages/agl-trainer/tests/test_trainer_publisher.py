@@ -18,10 +18,10 @@ from agl_rollout import AglClient, model_registrations
 from agl_rollout.queueing import rollout_request
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_testing.fault_proxy import FaultProxy
-from agl_trainer.drain import Drain
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.local.errors import WeightPushError
-from agl_trainer.publisher import Publisher
+from agl_trainer.assembly import compose_config
+from agl_trainer.serving.drain import Drain
+from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.publisher import Publisher
 from agl_trainer.settings import AglSettings
 from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
 

@@ -30,7 +30,7 @@ import pytest
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import AglServerProcess
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.local.tiny_model import build_tiny_model
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
 

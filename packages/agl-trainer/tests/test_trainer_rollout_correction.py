@@ -1,4 +1,4 @@
-"""Off-policy correction at the old-log-prob step (``agl_trainer.correction``), on real DataProtos.
+"""Off-policy correction at the old-log-prob step (``agl_trainer.step.correction``), on real DataProtos.
 
 The hand cases: one row of 3 response tokens plus one padding token, where
 ``old_log_probs - rollout_log_probs`` = [0.5, 1.0, -0.3], so the per-token ratios are
@@ -18,15 +18,15 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 
-from agl_trainer.correction import (
+from agl_trainer.assembly import compose_config
+from agl_trainer.settings import validate_config
+from agl_trainer.step.correction import (
     RolloutCorrection,
     compute_old_log_probs,
     configure_actor_loss,
     training_correction,
     validate_rollout_correction,
 )
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.settings import validate_config
 
 pytestmark = pytest.mark.verl
 

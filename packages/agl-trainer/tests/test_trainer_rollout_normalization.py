@@ -10,9 +10,9 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-from agl_trainer.entrypoint import compose_config
-from agl_trainer.rollout_normalization import RolloutNormalization
+from agl_trainer.assembly import compose_config
 from agl_trainer.settings import validate_config
+from agl_trainer.step.rollout_normalization import RolloutNormalization
 
 pytestmark = pytest.mark.verl
 

@@ -9,7 +9,7 @@ from verl import DataProto
 
 from agl_adapter import RolloutAdapter
 from agl_testing.routes import npy_payload, succeeded_rollout
-from agl_trainer.workers import no_padding_batch
+from agl_trainer.verl_glue.workers import no_padding_batch
 from agl_types import CompletedRollout, Triplet
 
 pytestmark = pytest.mark.verl

@@ -19,10 +19,10 @@ import pytest
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.trainer_spies import record_trained_data_ids
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import build_trainer, compose_config
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.assembly import build_trainer, compose_config
+from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.local.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,15 @@ from verl import DataProto
 from agl_adapter import RolloutAdapter, load_image
 from agl_testing.routes import succeeded_rollout
 from agl_testing.vision import placeholder, png_data_url, tiny_vl_model, tiny_vl_processor
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import load_processor
-from agl_trainer.tiny_model import build_tiny_model
-from agl_trainer.workers import PolicyWorkers, build_policy_workers, compose_verl_config, no_padding_batch
+from agl_trainer.assembly import load_processor
+from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
+from agl_trainer.verl_glue.workers import (
+    PolicyWorkers,
+    build_policy_workers,
+    compose_verl_config,
+    no_padding_batch,
+)
 from agl_types import CompletedRollout, Triplet
 
 pytestmark = pytest.mark.verl

@@ -20,8 +20,8 @@ import torch
 from agl_testing.agents import AgentBehaviour, FakeAgents, TurnImage
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.vision import placeholder, png_data_url, tiny_vl_model, tiny_vl_processor
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import build_trainer, compose_config
+from agl_trainer.assembly import build_trainer, compose_config
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow]
 

@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from agl_trainer.local.errors import WeightPushError
-from agl_trainer.weights import ExternalVllmPush, same_tensors
+from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.weights import ExternalVllmPush, same_tensors
 
 pytestmark = pytest.mark.verl
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 if TYPE_CHECKING:
-    from agl_trainer.entrypoint import build_trainer, compose_config, run_ppo
+    from agl_trainer.assembly import build_trainer, compose_config, run_ppo
     from agl_trainer.trainer import AglRayPPOTrainer
 
     __version__: str
@@ -29,9 +29,9 @@ def __getattr__(name: str) -> object:
         return version("agl-trainer")
     # The trainer pulls verl and ray (seconds to import); load them only when asked for.
     if name in ("compose_config", "run_ppo", "build_trainer"):
-        from agl_trainer import entrypoint
+        from agl_trainer import assembly
 
-        return getattr(entrypoint, name)
+        return getattr(assembly, name)
     if name == "AglRayPPOTrainer":
         from agl_trainer.trainer import AglRayPPOTrainer
 

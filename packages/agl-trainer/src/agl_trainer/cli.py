@@ -1,10 +1,10 @@
 """The ``agl-trainer`` console script.
 
-With no arguments it runs the embedded default (see :mod:`agl_trainer.demo`). Hydra overrides
+With no arguments it runs the embedded default (see :mod:`agl_trainer.local.demo`). Hydra overrides
 (``key=value`` as verl users type them) and a few shortcuts for newcomers (``task=``, ``steps=``,
 ``level=``, ``--async``) change it. Naming an agl-server, external inference servers or a model
 (:data:`PRODUCTION_KEYS`) makes it the production run instead: nothing local is started and the
-rows come from ``data.train_files``/``data.val_files`` (:func:`agl_trainer.entrypoint.run_from_files`).
+rows come from ``data.train_files``/``data.val_files`` (:func:`agl_trainer.assembly.run_from_files`).
 """
 
 from __future__ import annotations
@@ -244,11 +244,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging()
     try:
         if args.is_production:
-            from agl_trainer.entrypoint import run_from_files
+            from agl_trainer.assembly import run_from_files
 
             run_from_files(args.overrides)
         else:
-            from agl_trainer.demo import run_embedded_default
+            from agl_trainer.local.demo import run_embedded_default
 
             run_embedded_default(
                 args.overrides,
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     except KeyboardInterrupt as interrupt:
         # run_ppo has stopped its workers and replicas, the embedded default its processes.
-        from agl_trainer.entrypoint import TrainingInterrupted
+        from agl_trainer.assembly import TrainingInterrupted
 
         if isinstance(interrupt, TrainingInterrupted):
             print(interrupt.summary(), file=sys.stderr, flush=True)

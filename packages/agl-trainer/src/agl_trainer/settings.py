@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agl_adapter import RolloutAdapter, ZippedJsonlArtifacts
 from agl_rollout import Admission, StalenessGate
-from agl_trainer.drain import Drain
+from agl_trainer.serving.drain import Drain
 
 TRACE_AGGREGATOR_LEVELS = ("transition", "trajectory")
 PROCESSED_LOGPROBS = "processed_logprobs"
@@ -81,7 +81,7 @@ class AglSettings:
     @property
     def default_behaviour_weight_cap(self) -> float | None:
         """The cap of the off-policy weight trained by default: fully async with stale samples allowed
-        (``max_staleness`` != 0), else None (see :func:`agl_trainer.correction.training_correction`)."""
+        (``max_staleness`` != 0), else None (see :func:`agl_trainer.step.correction.training_correction`)."""
         if self.fully_async and self.max_staleness != 0:
             return self.behaviour_weight_cap
         return None
@@ -270,9 +270,9 @@ def validate_config(config: DictConfig) -> AglSettings:
 
 def _check_algorithm_stages(config: DictConfig, settings: AglSettings) -> None:
     """Per-rollout normalisation, overlong shaping and dynamic sampling read their keys here first."""
-    from agl_trainer.dynamic_sampling import DynamicSampling
-    from agl_trainer.overlong import OverlongShaping
-    from agl_trainer.rollout_normalization import RolloutNormalization
+    from agl_trainer.step.dynamic_sampling import DynamicSampling
+    from agl_trainer.step.overlong import OverlongShaping
+    from agl_trainer.step.rollout_normalization import RolloutNormalization
 
     RolloutNormalization.from_config(config)
     OverlongShaping.from_config(config, settings.max_response_length)

@@ -28,24 +28,24 @@ from verl.utils.tracking import Tracking
 
 from agl_adapter import EmptyBatchError
 from agl_rollout import AglClient, BatchTopUp
-from agl_trainer.advantages import Advantages
-from agl_trainer.batching import cut_batch
-from agl_trainer.collection import Collection, registrations_for
-from agl_trainer.correction import (
+from agl_trainer.datasets import collate_rows
+from agl_trainer.run_state import RunState
+from agl_trainer.serving.publisher import Publisher
+from agl_trainer.serving.replicas import VerlReplicas
+from agl_trainer.serving.weights import NoWeightPush, WeightPusher
+from agl_trainer.settings import AglSettings, gateway_model_name, validate_config
+from agl_trainer.step.advantages import Advantages
+from agl_trainer.step.batching import cut_batch
+from agl_trainer.step.collection import Collection, registrations_for
+from agl_trainer.step.correction import (
     compute_old_log_probs,
     configure_actor_loss,
     training_correction,
     validate_rollout_correction,
 )
-from agl_trainer.datasets import collate_rows
-from agl_trainer.overlong import OverlongShaping
-from agl_trainer.publisher import Publisher
-from agl_trainer.replicas import VerlReplicas
-from agl_trainer.rollout_normalization import RolloutNormalization
-from agl_trainer.run_state import RunState
-from agl_trainer.settings import AglSettings, gateway_model_name, validate_config
-from agl_trainer.weights import NoWeightPush, WeightPusher
-from agl_trainer.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
+from agl_trainer.step.overlong import OverlongShaping
+from agl_trainer.step.rollout_normalization import RolloutNormalization
+from agl_trainer.verl_glue.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
 from agl_types import CompletedRollout
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
     Agents reach the inference servers through the gateway: the ones named in
     ``agentlightning.external_servers.endpoints``, to which the publisher's ``weight_pusher`` gives the actor's
     weights after each update; or, with that list empty, verl's own vLLM replicas, which
-    :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.replicas`).
+    :meth:`init_workers` starts and which then push for themselves (:mod:`agl_trainer.serving.replicas`).
     ``processor`` is the model's HF processor (verl's ``hf_processor``; None for a text model): each
     model call's images are then fetched with it and encoded into the batch.
     """

@@ -30,7 +30,6 @@ from agl_trainer.local.errors import (
     ProcessStartError,
     ProvisionError,
     ServerApiError,
-    WeightPushError,
 )
 from agl_trainer.local.processes import ChildProcess, exit_on_sigterm, free_port
 from agl_trainer.local.runner import LocalAgentRunner, RunnerStats
@@ -54,7 +53,6 @@ from agl_trainer.local.toy_agents import (
     toy_env_map,
 )
 from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask, ToolLatency, UpperToolTask
-from agl_trainer.local.vllm_client import VllmClient
 
 __all__ = (
     "AGENT_CLASSES",
@@ -86,9 +84,7 @@ __all__ = (
     "ToyAgent",
     "UpperAgent",
     "UpperToolTask",
-    "VllmClient",
     "VllmServer",
-    "WeightPushError",
     "agent_import_path",
     "agl_controller_argv",
     "agl_server_argv",

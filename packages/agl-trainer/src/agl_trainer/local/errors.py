@@ -13,14 +13,5 @@ class ProcessStartError(LocalStackError):
     """A child server exited or did not become healthy in time; the message holds its log tail."""
 
 
-class WeightPushError(LocalStackError):
-    """vLLM did not reload the pushed weights, or serves different weights than expected."""
-
-
-class UnchangedWeightsError(WeightPushError):
-    """vLLM's log-probs of the probe did not move on a reload: the reload was ignored, or the
-    folder holds the weights vLLM already had."""
-
-
 class ServerApiError(LocalStackError):
     """agl-server answered a request of the local runner with an unexpected status."""

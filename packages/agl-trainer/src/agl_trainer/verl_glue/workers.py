@@ -5,7 +5,7 @@ actor (and ref/critic) workers. Stock ``RayPPOTrainer.init_workers`` also builds
 replicas, which fails where there is no vLLM (the CPU mode) and is wasted work elsewhere. This
 module builds the same worker groups the way ``init_workers`` does (one colocated Ray actor per
 rank hosting every role), with verl's own worker class plus the methods agl needs
-(:class:`~agl_trainer.actor_worker.AglActorRefWorker`, re-exported here).
+(:class:`~agl_trainer.verl_glue.actor_worker.AglActorRefWorker`, re-exported here).
 
 It also holds the Ray worker setup hook, :func:`setup_worker_process`, that every Ray worker runs
 before its first task.
@@ -32,8 +32,8 @@ from verl.workers.config import TrainingWorkerConfig
 from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-from agl_trainer._cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
-from agl_trainer.actor_worker import AglActorRefWorker
+from agl_trainer.verl_glue.actor_worker import AglActorRefWorker
+from agl_trainer.verl_glue.cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
 
 __all__ = (
     "WORKER_SETUP_HOOK",
@@ -48,7 +48,7 @@ __all__ = (
     "setup_worker_process",
 )
 
-WORKER_SETUP_HOOK = "agl_trainer.workers.setup_worker_process"
+WORKER_SETUP_HOOK = "agl_trainer.verl_glue.workers.setup_worker_process"
 """Import path of :func:`setup_worker_process`, for Ray's ``worker_process_setup_hook``."""
 
 _ALGOS_REGISTRATION_MODULE = "agl_algos.verl"
@@ -99,7 +99,7 @@ def compose_verl_config(overrides: Sequence[str] = ()) -> DictConfig:
     """Compose verl's own ``ppo_trainer`` Hydra config with ``overrides`` (Hydra override syntax)."""
     from hydra import compose, initialize_config_dir
 
-    from agl_trainer._compat import verl_config_dir
+    from agl_trainer.verl_glue.compat import verl_config_dir
 
     with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None):
         return compose(config_name="ppo_trainer", overrides=list(overrides))
@@ -294,7 +294,7 @@ def build_policy_workers(
     ``trainer.device=cpu`` those are CPU processes. ``use_reference_policy`` and ``use_critic``
     default to verl's own rules (KL in the loss or the reward; GAE or ``critic.enable``).
     ``with_rollout`` gives the actor workers verl's rollout role too (``actor_rollout``), which
-    verl's hybrid-engine replicas need (:mod:`agl_trainer.replicas`; GPUs only).
+    verl's hybrid-engine replicas need (:mod:`agl_trainer.serving.replicas`; GPUs only).
     """
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.workers.utils.losses import value_loss

@@ -17,7 +17,7 @@ from types import TracebackType
 
 import httpx
 
-from agl_trainer.local.errors import UnchangedWeightsError, WeightPushError
+from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
 
 _RESET_ATTEMPTS = 20
 _RESET_RETRY_SECONDS = 0.25

@@ -10,7 +10,7 @@ in the gateway:
 
 In the first two the gateway is open only while the trainer waits (for a step's groups, or for
 validation) and is paused and drained after it, so no model call is in flight while the actor
-trains; in the fully-async mode it stays open and :mod:`agl_trainer.publisher` pauses it only
+trains; in the fully-async mode it stays open and :mod:`agl_trainer.serving.publisher` pauses it only
 around the reload.
 """
 
@@ -38,9 +38,9 @@ from agl_rollout import (
     load_hooks,
     model_registrations,
 )
-from agl_trainer.drain import Drain
-from agl_trainer.dynamic_sampling import DynamicSampling
+from agl_trainer.serving.drain import Drain
 from agl_trainer.settings import AglSettings, batch_sizes
+from agl_trainer.step.dynamic_sampling import DynamicSampling
 from agl_types import CompletedRollout, ModelRegistration
 
 logger = logging.getLogger(__name__)

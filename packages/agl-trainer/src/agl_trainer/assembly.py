@@ -16,12 +16,12 @@ from typing import Any
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from agl_trainer._compat import check_verl_version
 from agl_trainer.datasets import InMemoryDataset
+from agl_trainer.serving.weights import ExternalVllmPush, NoWeightPush, WeightPusher
 from agl_trainer.settings import gateway_model_name, validate_config
 from agl_trainer.trainer import AglRayPPOTrainer
-from agl_trainer.weights import ExternalVllmPush, NoWeightPush, WeightPusher
-from agl_trainer.workers import ray_runtime_env
+from agl_trainer.verl_glue.compat import check_verl_version
+from agl_trainer.verl_glue.workers import ray_runtime_env
 
 CONFIG_DIR = Path(__file__).parent / "config"
 

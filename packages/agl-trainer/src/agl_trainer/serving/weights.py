@@ -2,7 +2,7 @@
 
 Path 2 of the trainer (external OpenAI-compatible servers it does not host): the actor's weights
 are saved in Hugging Face format and each vLLM server is asked to reload them from that folder.
-Path 1 (verl's own replicas) implements the same protocol in :mod:`agl_trainer.replicas`.
+Path 1 (verl's own replicas) implements the same protocol in :mod:`agl_trainer.serving.replicas`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Protocol
 import httpx
 import torch
 
-from agl_trainer.local.errors import UnchangedWeightsError, WeightPushError
-from agl_trainer.local.vllm_client import VllmClient
-from agl_trainer.workers import PolicyWorkers
+from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
+from agl_trainer.serving.vllm_client import VllmClient
+from agl_trainer.verl_glue.workers import PolicyWorkers
 
 _PROBE_IDS = tuple(range(1, 9))
 

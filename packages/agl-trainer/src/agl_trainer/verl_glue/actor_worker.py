@@ -1,7 +1,7 @@
 """``AglActorRefWorker``: verl's actor/ref worker plus the methods agl's start-up and weight push call.
 
-A module of its own so that imports run one way: :mod:`agl_trainer.workers` (which builds the
-worker groups) imports :mod:`agl_trainer._cpu_platform` (which subclasses this worker for the CPU
+A module of its own so that imports run one way: :mod:`agl_trainer.verl_glue.workers` (which builds the
+worker groups) imports :mod:`agl_trainer.verl_glue.cpu_platform` (which subclasses this worker for the CPU
 mode), and both import this module.
 """
 

@@ -18,7 +18,7 @@ import ray
 from omegaconf import DictConfig, open_dict
 
 from agl_trainer.settings import gateway_model_name
-from agl_trainer.workers import PolicyWorkers
+from agl_trainer.verl_glue.workers import PolicyWorkers
 
 
 def replica_config(config: DictConfig) -> DictConfig:

@@ -16,7 +16,7 @@ runs on CPU once these missing pieces are supplied, and this module supplies the
    string as ``"cpu:gloo,<device>:<backend>"``, which torch rejects when the device is ``cpu``;
 4. the config overrides the CPU needs (:data:`CPU_MODE_OVERRIDES`).
 
-Everything here runs both in the driver and, through :func:`agl_trainer.workers.setup_worker_process`
+Everything here runs both in the driver and, through :func:`agl_trainer.verl_glue.workers.setup_worker_process`
 (the Ray worker setup hook), in every Ray worker. All of it is idempotent.
 """
 
@@ -35,7 +35,7 @@ from verl.plugin.platform import PlatformBase, PlatformRegistry, get_platform, s
 from verl.workers.config import TrainingWorkerConfig
 from verl.workers.engine_workers import TrainingWorker
 
-from agl_trainer.actor_worker import AglActorRefWorker
+from agl_trainer.verl_glue.actor_worker import AglActorRefWorker
 
 __all__ = (
     "CPU_MODE_OVERRIDES",

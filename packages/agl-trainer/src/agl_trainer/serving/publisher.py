@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 from agl_rollout import AglClient
-from agl_trainer.collection import Registrations
-from agl_trainer.drain import Drain
-from agl_trainer.weights import WeightPusher
-from agl_trainer.workers import PolicyWorkers
+from agl_trainer.serving.drain import Drain
+from agl_trainer.serving.weights import WeightPusher
+from agl_trainer.step.collection import Registrations
+from agl_trainer.verl_glue.workers import PolicyWorkers
 
 
 class Publisher:

@@ -6,7 +6,7 @@ default) through the gateway, and trains with verl's FSDP workers on CPU, pushin
 after every step. Every process it started is stopped on exit, Ctrl-C or failure.
 
 With ``trainer.device=cuda`` among the overrides, the same task runs on one GPU through verl's own
-vLLM replicas instead (path 1, :mod:`agl_trainer.replicas`): no CPU vLLM server is started.
+vLLM replicas instead (path 1, :mod:`agl_trainer.serving.replicas`): no CPU vLLM server is started.
 
 Agents run in the trainer's process by default (:class:`LocalAgentRunner`, a thread per rollout).
 ``runner="controller"`` runs them as a deployment does: the real ``agl-controller`` starts one
@@ -25,8 +25,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from agl_trainer._cpu_platform import CPU_MODE_OVERRIDES
-from agl_trainer.entrypoint import compose_config, run_ppo
+from agl_trainer.assembly import compose_config, run_ppo
 from agl_trainer.local import (
     AGENT_CLASSES,
     DEFAULT_SERVED_MODEL,
@@ -46,9 +45,10 @@ from agl_trainer.local import (
     toy_env_map,
     vllm_cpu_spec,
 )
-from agl_trainer.plot import plot_metrics
+from agl_trainer.local.plot import plot_metrics
+from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.settings import AglSettings, batch_sizes
-from agl_trainer.tiny_model import build_tiny_model
+from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 DEMO_STEPS = 25
 
