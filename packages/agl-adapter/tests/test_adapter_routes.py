@@ -204,9 +204,6 @@ def test_calls_of_different_model_shapes_raise() -> None:
         _adapter().build_batch(rollouts)
 
 
-# -- properties: every attended token carries the routes the engine computed for it --------------
-
-
 @st.composite
 def _chains(draw: st.DrawFn) -> tuple[list[list[tuple[list[int], list[int]]]], bool]:
     """Calls grouped in chains (each call continues the previous one's context plus an observation,

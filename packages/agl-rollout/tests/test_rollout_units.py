@@ -53,9 +53,6 @@ def _triplet_request(prompt: list[int], response: list[int], **extra: Any) -> Ev
     return _event("model_request", {**data, **extra})
 
 
-# -- to_native and batches ------------------------------------------------------------------
-
-
 class _FakeArray:
     """Duck-types a numpy array / torch tensor: only ``tolist`` (what to_native relies on)."""
 
@@ -124,9 +121,6 @@ def test_batch_top_up_rejects_an_unsupported_column_type_naming_the_key() -> Non
 def test_batch_top_up_refuses_a_non_positive_size() -> None:
     with pytest.raises(ValueError, match="size must be > 0, got 0"):
         BatchTopUp(list).next_batch(0)
-
-
-# -- config ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -212,9 +206,6 @@ def test_model_registrations_normalise_bare_addresses_and_carry_the_version() ->
     assert [(r.endpoint, r.version) for r in regs] == [("http://10.0.0.1:8000/v1", 7), ("https://h/v1", 7)]
 
 
-# -- events -> triplets ---------------------------------------------------------------------
-
-
 def test_valid_model_requests_become_triplets_and_last_reward_is_set_on_last_triplet() -> None:
     events = [
         _triplet_request([1, 2], [3]),
@@ -260,9 +251,6 @@ def test_non_numeric_reward_is_skipped_and_counted_without_hiding_an_earlier_one
 def test_empty_prompt_ids_are_kept_as_a_triplet() -> None:
     extraction = extract_triplets([_triplet_request([], [4])])
     assert [t.response_token_ids for t in extraction.triplets] == [[4]]
-
-
-# -- lifecycle metrics ----------------------------------------------------------------------
 
 
 def test_percentile_interpolates_linearly_like_numpy() -> None:
@@ -327,9 +315,6 @@ def test_running_time_is_the_first_running_observation_and_finish_the_terminal_o
 
 def test_lifecycle_metrics_of_no_rollouts_are_empty() -> None:
     assert lifecycle_metrics([]) == {}
-
-
-# -- progress -------------------------------------------------------------------------------
 
 
 class _Tty(io.StringIO):
@@ -398,9 +383,6 @@ def test_progress_off_a_tty_writes_nothing_and_logs_at_most_every_10_s_and_at_th
         "val rollouts progress done=5 total=5 succeeded=1 failed=0 timed_out=1 mean_queue_wait=1.5s "
         "mean_run=2.0s elapsed_s=16.0",
     ]
-
-
-# -- load_hooks -----------------------------------------------------------------------------
 
 
 def _hooks_file(tmp_path: Path, body: str) -> Path:

@@ -9,20 +9,21 @@ import pytest
 
 from agl_adapter import ZippedJsonlArtifacts
 from agl_trainer.assembly import compose_config
-from agl_trainer.settings import validate_config
+from agl_trainer.settings import parse_settings
 
 pytestmark = pytest.mark.verl
 
 
 def test_default_config_validates_with_the_reference_defaults() -> None:
-    settings = validate_config(compose_config())
-    assert (settings.level, settings.max_prompt_length, settings.max_response_length) == (
+    settings = parse_settings(compose_config())
+    adapter = settings.adapter
+    assert (adapter.level, adapter.max_prompt_length, adapter.max_response_length) == (
         "trajectory",
         2048,
         8192,
     )
-    assert (settings.rollout_timeout_seconds, settings.reward_fillna_value) == (1800.0, 0.0)
-    assert settings.async_enabled is False
+    assert (settings.pipeline.manager.rollout_timeout_seconds, adapter.reward_fillna_value) == (1800.0, 0.0)
+    assert settings.pipeline.mode == "sync"
 
 
 @pytest.mark.parametrize(
@@ -77,28 +78,30 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
 )
 def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str], key: str) -> None:
     with pytest.raises(ValueError, match=re.escape(key)):
-        validate_config(compose_config(overrides))
+        parse_settings(compose_config(overrides))
 
 
 def test_gae_validates_once_rollout_level_advantage_is_off() -> None:
     config = compose_config(["algorithm.adv_estimator=gae", "algorithm.enable_rollout_level_advantage=false"])
-    validate_config(config)
+    parse_settings(config)
     assert config.critic.model.path == config.actor_rollout_ref.model.path
 
 
 def test_verl_replicas_serve_exactly_when_no_external_endpoints_are_given() -> None:
-    assert validate_config(compose_config()).uses_verl_replicas is True
+    assert parse_settings(compose_config()).server.uses_verl_replicas is True
     external = ["agentlightning.external_servers.endpoints=[http://127.0.0.1:8000/v1]", "trainer.device=cpu"]
-    assert validate_config(compose_config(external)).uses_verl_replicas is False
+    assert parse_settings(compose_config(external)).server.uses_verl_replicas is False
 
 
 def test_trajectories_are_written_under_the_checkpoint_folder_unless_their_dir_is_null() -> None:
     config = compose_config(["trainer.default_local_dir=/runs/a/checkpoints"])
-    adapter = validate_config(config).adapter(tokenizer=None)
+    adapter = parse_settings(config).adapter.build(tokenizer=None)
     assert isinstance(adapter.artifact_sink, ZippedJsonlArtifacts)
     assert adapter.artifact_sink.folder == Path("/runs/a/checkpoints/trajectories")
     assert adapter.max_train_trajectories == 24
-    off = validate_config(compose_config(["agentlightning.trajectories.dir=null"])).adapter(tokenizer=None)
+    off = parse_settings(compose_config(["agentlightning.trajectories.dir=null"])).adapter.build(
+        tokenizer=None
+    )
     assert off.artifact_sink is None
 
 
@@ -123,6 +126,6 @@ def test_trajectories_are_written_under_the_checkpoint_folder_unless_their_dir_i
     ],
 )
 def test_r3_router_replay_makes_every_row_carry_moe_routes(overrides: list[str], required: bool) -> None:
-    settings = validate_config(compose_config(overrides))
-    assert settings.adapter(tokenizer=None).require_routed_experts is required
-    assert (settings.routing_replay_key is not None) is required
+    settings = parse_settings(compose_config(overrides))
+    assert settings.adapter.build(tokenizer=None).require_routed_experts is required
+    assert (settings.adapter.routing_replay_key is not None) is required

@@ -12,9 +12,9 @@ from verl import DataProto
 
 from agl_rollout import CarriedGroup, CollectedGroups
 from agl_trainer.assembly import compose_config
-from agl_trainer.settings import validate_config
-from agl_trainer.step.dynamic_sampling import DynamicSampling
-from agl_trainer.step.overlong import OverlongShaping
+from agl_trainer.settings import DynamicSamplingSettings, OverlongSettings, parse_settings
+from agl_trainer.step.dynamic_sampling import dynamic_sampling_metrics, keeps_group, max_groups_examined
+from agl_trainer.step.overlong import shape_overlong
 from agl_types import CompletedRollout, RolloutState
 
 pytestmark = pytest.mark.verl
@@ -22,8 +22,9 @@ pytestmark = pytest.mark.verl
 _OVERLONG = "+reward.reward_kwargs.overlong_buffer_cfg"
 
 
-def _overlong(*overrides: str) -> OverlongShaping | None:
-    return OverlongShaping.from_config(compose_config(list(overrides)), max_response_length=8)
+def _overlong(*overrides: str) -> OverlongSettings | None:
+    max_response_length = "agentlightning.trace_aggregator.trajectory_max_response_length=8"
+    return parse_settings(compose_config([max_response_length, *overrides])).overlong
 
 
 def test_overlong_shaping_is_off_unless_enabled() -> None:
@@ -48,8 +49,7 @@ def test_overlong_penalty_is_added_to_every_row_of_a_long_rollout_on_its_last_re
         tensors={"response_mask": response_mask, "attention_mask": attention, "token_level_scores": scores},
         non_tensors={"rollout_id_list": np.array(["a", "a", "b"], dtype=object)},
     )
-    metrics: dict[str, float] = {}
-    shaping.apply(batch, metrics)
+    batch, metrics = shape_overlong(batch, shaping)
     expected = torch.zeros(3, 8)
     expected[0, 2], expected[1, 2], expected[2, 3] = 0.0, 0.0, 0.5
     torch.testing.assert_close(batch.batch["token_level_scores"], expected)
@@ -85,7 +85,7 @@ def test_overlong_max_length_is_verls_max_resp_len_when_given() -> None:
 )
 def test_a_bad_dapo_key_fails_at_start_naming_it(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        validate_config(compose_config(overrides))
+        parse_settings(compose_config(overrides))
 
 
 def _rollout(data_id: str, reward: float | None, n: int) -> CompletedRollout:
@@ -108,35 +108,32 @@ def _group(data_id: str, *rewards: float | None) -> CarriedGroup:
     )
 
 
-def _sampling(max_num_gen_batches: int = 0) -> DynamicSampling:
-    return DynamicSampling(max_num_gen_batches, reward_fillna_value=0.0)
+def _sampling(max_num_gen_batches: int = 0) -> DynamicSamplingSettings:
+    return DynamicSamplingSettings(max_num_gen_batches, reward_fillna_value=0.0)
 
 
 def test_dynamic_sampling_is_off_unless_filter_groups_is_enabled() -> None:
-    config = compose_config()
-    assert DynamicSampling.from_config(config, 0.0) is None
+    assert parse_settings(compose_config()).pipeline.dynamic_sampling is None
     keys = ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=3"]
     config = compose_config([*keys, "agentlightning.reward_fillna_value=0.5"])
-    assert DynamicSampling.from_config(
-        config, validate_config(config).reward_fillna_value
-    ) == DynamicSampling(3, 0.5)
+    assert parse_settings(config).pipeline.dynamic_sampling == DynamicSamplingSettings(3, 0.5)
 
 
 def test_dynamic_sampling_keeps_groups_whose_rewards_differ() -> None:
     sampling = _sampling()
-    assert sampling.keeps(_group("b", 0, 1))
-    assert not sampling.keeps(_group("a", 1, 1))
-    assert not sampling.keeps(_group("c", 0, None))  # the missing reward is reward_fillna_value, 0.0
-    assert DynamicSampling(0, reward_fillna_value=1.0).keeps(_group("c", 0, None))
+    assert keeps_group(_group("b", 0, 1), sampling)
+    assert not keeps_group(_group("a", 1, 1), sampling)
+    assert not keeps_group(_group("c", 0, None), sampling)  # the missing reward is reward_fillna_value, 0.0
+    assert keeps_group(_group("c", 0, None), DynamicSamplingSettings(0, reward_fillna_value=1.0))
 
 
 def test_dynamic_sampling_keeps_a_group_of_one_rollout() -> None:
-    assert _sampling().keeps(_group("a", 1.0))
+    assert keeps_group(_group("a", 1.0), _sampling())
 
 
 def test_dynamic_sampling_looks_at_max_num_gen_batches_generation_batches_at_most() -> None:
-    assert _sampling(3).max_examined(gen_batch_size=4) == 12
-    assert _sampling(0).max_examined(gen_batch_size=4) is None
+    assert max_groups_examined(_sampling(3), gen_batch_size=4) == 12
+    assert max_groups_examined(_sampling(0), gen_batch_size=4) is None
 
 
 def test_dynamic_sampling_counts_generation_batches_and_says_when_a_step_is_short(
@@ -144,7 +141,9 @@ def test_dynamic_sampling_counts_generation_batches_and_says_when_a_step_is_shor
 ) -> None:
     collected = CollectedGroups([_group("b", 0, 1)], n_examined=5, n_filtered=4, short=True)
     with caplog.at_level(logging.WARNING, logger="agl_trainer"):
-        metrics = _sampling(2).metrics(collected, gen_batch_size=4, train_batch_size=2, step=7)
+        metrics = dynamic_sampling_metrics(
+            collected, _sampling(2), gen_batch_size=4, train_batch_size=2, step=7
+        )
     assert metrics == {
         "training/dynamic_sampling/groups_kept": 1.0,
         "training/dynamic_sampling/groups_filtered": 4.0,

@@ -6,7 +6,7 @@ import pytest
 
 from agl_trainer.assembly import compose_config
 from agl_trainer.local.demo import agent_slots
-from agl_trainer.settings import validate_config
+from agl_trainer.settings import parse_settings
 
 pytestmark = pytest.mark.verl
 
@@ -15,16 +15,16 @@ ON = "agentlightning.fully_async.enabled=true"
 
 
 def test_fully_async_defaults_bound_staleness_at_two_and_drop() -> None:
-    settings = validate_config(compose_config([ON, EXTERNAL]))
-    assert (settings.fully_async, settings.max_staleness, settings.stale_strategy) == (True, 2, "drop")
-    assert settings.max_groups_in_flight is None
+    pipeline = parse_settings(compose_config([ON, EXTERNAL])).pipeline
+    assert (pipeline.mode, pipeline.gate.max_staleness, pipeline.gate.strategy) == ("fully_async", 2, "drop")
+    assert pipeline.admission.max_groups == 3 * pipeline.admission.groups_per_step
 
 
 def test_a_null_bound_means_no_bound() -> None:
     assert (
-        validate_config(
+        parse_settings(
             compose_config([ON, EXTERNAL, "agentlightning.fully_async.max_staleness=null"])
-        ).max_staleness
+        ).pipeline.gate.max_staleness
         is None
     )
 
@@ -45,13 +45,13 @@ def test_a_null_bound_means_no_bound() -> None:
         ),
         (
             ["agentlightning.fully_async.stale_strategy=wait"],
-            "agentlightning.fully_async.stale_strategy is 'wait'",
+            "agentlightning.fully_async.stale_strategy='wait'",
         ),
     ],
 )
 def test_an_invalid_fully_async_config_names_its_key(overrides: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        validate_config(compose_config([ON, EXTERNAL, *overrides]))
+        parse_settings(compose_config([ON, EXTERNAL, *overrides]))
 
 
 def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_key() -> None:
@@ -59,7 +59,7 @@ def test_fully_async_without_external_servers_is_refused_naming_the_endpoints_ke
         ValueError,
         match=r"keep serving during the update, but agentlightning\.external_servers\.endpoints is empty",
     ):
-        validate_config(compose_config([ON, "trainer.device=cuda"]))
+        parse_settings(compose_config([ON, "trainer.device=cuda"]))
 
 
 @pytest.mark.parametrize(
@@ -86,5 +86,5 @@ def test_each_mode_keeps_its_groups_in_flight_and_the_demo_runs_an_agent_for_eac
     config = compose_config(
         [EXTERNAL, "data.train_batch_size=4", "actor_rollout_ref.rollout.n=3", *overrides]
     )
-    assert validate_config(config).admission(4, 4).max_groups == groups
+    assert parse_settings(config).pipeline.admission.max_groups == groups
     assert agent_slots(config) == 3 * groups

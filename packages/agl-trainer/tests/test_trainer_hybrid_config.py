@@ -18,8 +18,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from agl_trainer.assembly import compose_config, production_config
 from agl_trainer.cli import parse_args
 from agl_trainer.local.services import DEFAULT_MAX_RESPONSE_TOKENS, LOGPROBS_MODE
-from agl_trainer.serving.replicas import replica_config
-from agl_trainer.settings import validate_config
+from agl_trainer.settings import parse_settings, replica_config
 
 pytestmark = pytest.mark.verl
 
@@ -61,7 +60,7 @@ def test_readme_production_command_composes_and_passes_verls_config_conversion(
     overrides: tuple[str, ...],
 ) -> None:
     config = production_config(overrides)
-    validate_config(config)
+    parse_settings(config)
     section = config.actor_rollout_ref
     rollout = omega_conf_to_dataclass(section.rollout)
     actor = omega_conf_to_dataclass(section.actor)
@@ -98,12 +97,12 @@ def test_a_replica_model_name_other_than_the_gateways_is_refused_naming_both_key
         ]
     )
     with pytest.raises(ValueError, match=r"engine_kwargs\.vllm\.served_model_name='x'.*'policy'"):
-        validate_config(config)
+        parse_settings(config)
 
 
 def test_tensor_parallel_size_defaults_to_one_gpu_per_replica() -> None:
     config = compose_config(["trainer.n_gpus_per_node=1"])
-    validate_config(config)
+    parse_settings(config)
     assert config.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
 
 
@@ -124,12 +123,12 @@ def test_tensor_parallel_that_does_not_tile_the_gpus_is_refused_before_any_worke
     with pytest.raises(
         ValueError, match=rf"tensor_model_parallel_size={tp} .*trainer\.n_gpus_per_node={gpus_per_node}"
     ):
-        validate_config(config)
+        parse_settings(config)
 
 
 @pytest.mark.parametrize(("tp", "gpus_per_node", "nodes"), [(2, 8, 1), (8, 8, 1), (16, 8, 2)])
 def test_tensor_parallel_that_tiles_the_gpus_is_accepted(tp: int, gpus_per_node: int, nodes: int) -> None:
-    validate_config(
+    parse_settings(
         compose_config(
             [
                 f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
@@ -146,7 +145,7 @@ def test_replicas_and_the_cpu_vllm_server_record_the_same_log_probs_mode() -> No
 
 def test_replica_log_probs_mode_other_than_the_actors_is_refused() -> None:
     with pytest.raises(ValueError, match=r"logprobs_mode='raw_logprobs'.*logprobs_mode=processed_logprobs"):
-        validate_config(compose_config(["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]))
+        parse_settings(compose_config(["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"]))
 
 
 def test_replicas_and_the_cpu_vllm_server_cap_a_call_alike() -> None:

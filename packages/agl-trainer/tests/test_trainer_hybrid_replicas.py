@@ -215,7 +215,11 @@ def replicas_of(trainer: AglRayPPOTrainer) -> VerlReplicas:
 def test_hybrid_init_starts_the_replicas_asleep_and_points_the_gateway_at_them(
     trainer: AglRayPPOTrainer, server_state_after_init: dict[str, Any]
 ) -> None:
-    assert trainer.endpoints == ["gpu-bound-server-stand-in-0:8000"] == replicas_of(trainer).addresses
+    assert (
+        list(trainer.publisher.endpoints)
+        == ["gpu-bound-server-stand-in-0:8000"]
+        == replicas_of(trainer).addresses
+    )
     assert trainer.publisher.pusher is trainer.replicas
     assert server_state_after_init == {"awake": [], "sleeps": 1, "loads": []}
 

@@ -22,7 +22,7 @@ from agl_trainer.assembly import compose_config
 from agl_trainer.serving.drain import Drain
 from agl_trainer.serving.errors import WeightPushError
 from agl_trainer.serving.publisher import Publisher
-from agl_trainer.settings import AglSettings
+from agl_trainer.settings import parse_settings
 from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
@@ -46,20 +46,19 @@ class GatewayObservingPusher:
         return {"training/weight_version": float(version)}
 
 
-def _publisher(
-    client: AglClient, version: list[int], *, fully_async: bool
-) -> tuple[Publisher, GatewayObservingPusher]:
+def _publisher(client: AglClient, *, fully_async: bool) -> tuple[Publisher, GatewayObservingPusher]:
     pusher = GatewayObservingPusher(client)
-    registrations = lambda: model_registrations("m", [ENDPOINT], version=version[0])  # noqa: E731
-    return Publisher(client, pusher, registrations, resume=fully_async, drain=Drain(10.0, 0.02)), pusher
+    publisher = Publisher(
+        client, pusher, model_name="m", endpoints=[ENDPOINT], resume=fully_async, drain=Drain(10.0, 0.02)
+    )
+    return publisher, pusher
 
 
 def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_resumes(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    version = [0]
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        publisher, pusher = _publisher(client, version, fully_async=True)
+        publisher, pusher = _publisher(client, fully_async=True)
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]  (the start-up push)
         client.register_models(model_registrations("m", [ENDPOINT], version=0))
         client.resume()
@@ -71,7 +70,6 @@ def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_
             return register(models)
 
         client.register_models = observed_register  # type: ignore[method-assign]
-        version[0] = 1
         metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
         state = client.proxy_state()
     assert pusher.pushes == [(0, True, 0), (1, True, 0)]  # the start-up push is drained too
@@ -83,7 +81,7 @@ def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_
 
 def test_publishing_the_served_version_again_does_nothing(fresh_agl_server: AglServerProcess) -> None:
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        publisher, pusher = _publisher(client, [0], fully_async=True)
+        publisher, pusher = _publisher(client, fully_async=True)
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         metrics = publisher.publish(workers=None, version=0)  # type: ignore[arg-type]  (a step that trained nothing)
         assert not client.proxy_state().paused
@@ -94,12 +92,10 @@ def test_publishing_the_served_version_again_does_nothing(fresh_agl_server: AglS
 def test_sync_mode_publish_pushes_drained_and_leaves_the_gateway_paused_for_the_next_step(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    version = [0]
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
-        publisher, pusher = _publisher(client, version, fully_async=False)
+        publisher, pusher = _publisher(client, fully_async=False)
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         client.resume()
-        version[0] = 1
         metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
         assert client.proxy_state().paused
     assert pusher.pushes == [(0, True, 0), (1, True, 0)]
@@ -171,7 +167,14 @@ def test_a_model_call_in_flight_during_a_publish_finishes_and_is_recorded_with_t
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         pusher = GatewayObservingPusher(client)
         registrations = lambda: model_registrations(TEST_MODEL_NAME, [upstream.endpoint], version=version[0])  # noqa: E731
-        publisher = Publisher(client, pusher, registrations, resume=True, drain=Drain(30.0, 0.02))
+        publisher = Publisher(
+            client,
+            pusher,
+            model_name=TEST_MODEL_NAME,
+            endpoints=[upstream.endpoint],
+            resume=True,
+            drain=Drain(30.0, 0.02),
+        )
         publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
         client.register_models(registrations())
         client.resume()
@@ -210,7 +213,14 @@ def test_a_failed_push_leaves_no_endpoint_registered_and_names_the_endpoint(
         )
         client.patch_rollout_status("r1", RolloutStatusPatch(state=RolloutState.RUNNING, last_attempt_id="0"))
         assert _call_through_gateway(fresh_agl_server, "r1") == 200
-        publisher = Publisher(client, FailingPusher(), registrations, resume=True, drain=Drain(10.0, 0.02))
+        publisher = Publisher(
+            client,
+            FailingPusher(),
+            model_name=TEST_MODEL_NAME,
+            endpoints=[upstream.endpoint],
+            resume=True,
+            drain=Drain(10.0, 0.02),
+        )
         publisher.published = 0
         with pytest.raises(WeightPushError, match="http://second/v1"):
             publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
@@ -230,7 +240,7 @@ def _drain_from_config(timeout_s: float, poll_interval_s: float) -> Drain:
             f"agentlightning.drain_poll_interval_seconds={poll_interval_s}",
         ]
     )
-    return AglSettings.from_config(config).drain
+    return parse_settings(config).server.drain
 
 
 def _slow_call_in_flight(

@@ -13,20 +13,14 @@ import re
 
 import pytest
 import torch
-from omegaconf import DictConfig, OmegaConf
 from verl import DataProto
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
 
 from agl_trainer.assembly import compose_config
-from agl_trainer.settings import validate_config
-from agl_trainer.step.correction import (
-    RolloutCorrection,
-    compute_old_log_probs,
-    configure_actor_loss,
-    training_correction,
-    validate_rollout_correction,
-)
+from agl_trainer.settings import RolloutCorrection, parse_settings
+from agl_trainer.settings.correction import configure_actor_loss, validate_rollout_correction
+from agl_trainer.step.correction import compute_old_log_probs
 
 pytestmark = pytest.mark.verl
 
@@ -53,119 +47,102 @@ class Recompute:
         return DataProto.from_dict(tensors={"old_log_probs": torch.tensor(OLD), "entropys": torch.ones(2, 4)})
 
 
-def policy_loss(loss_mode: str = "per_rollout_mean") -> DictConfig:
-    return OmegaConf.create({"loss_mode": loss_mode})
-
-
 def test_token_level_is_weights_are_the_ratios_truncated_at_the_threshold() -> None:
-    result = compute_old_log_probs(
+    batch, _metrics = compute_old_log_probs(
         make_batch(),
         RolloutCorrection(rollout_is="token", rollout_is_threshold=2.0),
-        recompute=Recompute(),
-        policy_loss=policy_loss(),
+        recompute=(recompute := Recompute()),
     )
     # min(ratio, 2.0) per token, 0 on padding: exp(0.5) stays, exp(1.0) = 2.718 is cut to 2.0.
     expected = [
         [math.exp(0.5), 2.0, math.exp(-0.3), 0.0],
         [math.exp(0.2), math.exp(-0.5), math.exp(0.1), 0.0],
     ]
-    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
-    assert result.batch.batch["response_mask"].tolist() == MASK
-    assert result.recomputed is True
+    torch.testing.assert_close(batch.batch["rollout_is_weights"], torch.tensor(expected))
+    assert batch.batch["response_mask"].tolist() == MASK
+    assert recompute.calls == 1
 
 
 def test_sequence_level_is_weight_is_the_product_of_ratios_truncated() -> None:
-    result = compute_old_log_probs(
+    batch, _metrics = compute_old_log_probs(
         make_batch(),
         RolloutCorrection(rollout_is="sequence", rollout_is_threshold=2.0),
         recompute=Recompute(),
-        policy_loss=policy_loss(),
     )
     # Row 1: exp(0.5 + 1.0 - 0.3) = exp(1.2) = 3.32, cut to 2.0; row 2: exp(0.2 - 0.5 + 0.1) = exp(-0.2).
     expected = [[2.0, 2.0, 2.0, 0.0], [math.exp(-0.2)] * 3 + [0.0]]
-    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
+    torch.testing.assert_close(batch.batch["rollout_is_weights"], torch.tensor(expected))
 
 
 def test_token_rejection_masks_the_tokens_whose_ratio_leaves_the_bounds() -> None:
-    result = compute_old_log_probs(
+    batch, metrics = compute_old_log_probs(
         make_batch(),
         RolloutCorrection(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0"),
         recompute=Recompute(),
-        policy_loss=policy_loss(),
     )
     # Keep 0.5 <= ratio <= 2.0: only exp(1.0) = 2.718 (row 1, token 2) is rejected: 1 of 6 tokens.
-    assert result.batch.batch["response_mask"].tolist() == [[1, 0, 1, 0], [1, 1, 1, 0]]
-    assert "rollout_is_weights" not in result.batch.batch
-    assert result.metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
+    assert batch.batch["response_mask"].tolist() == [[1, 0, 1, 0], [1, 1, 1, 0]]
+    assert "rollout_is_weights" not in batch.batch
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(1 / 6)
 
 
 def test_sequence_rejection_masks_the_whole_row_whose_ratio_product_leaves_the_bounds() -> None:
-    result = compute_old_log_probs(
+    batch, _metrics = compute_old_log_probs(
         make_batch(),
         RolloutCorrection(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.5_2.0"),
         recompute=Recompute(),
-        policy_loss=policy_loss(),
     )
     # Row 1: exp(1.2) = 3.32 > 2.0, rejected; row 2: exp(-0.2) = 0.82, kept.
-    assert result.batch.batch["response_mask"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]]
+    assert batch.batch["response_mask"].tolist() == [[0, 0, 0, 0], [1, 1, 1, 0]]
 
 
 def test_decoupled_mode_keeps_only_the_recomputed_old_log_probs() -> None:
     recompute = Recompute()
-    result = compute_old_log_probs(
-        make_batch(), RolloutCorrection(rollout_is="token"), recompute=recompute, policy_loss=policy_loss()
+    batch, _metrics = compute_old_log_probs(
+        make_batch(), RolloutCorrection(rollout_is="token"), recompute=recompute
     )
     assert recompute.calls == 1
-    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(OLD).tolist()
-    assert "entropys" not in result.batch.batch
+    assert batch.batch["old_log_probs"].tolist() == torch.tensor(OLD).tolist()
+    assert "entropys" not in batch.batch
 
 
 def test_section_with_nothing_set_gives_metrics_only() -> None:
-    result = compute_old_log_probs(
-        make_batch(), RolloutCorrection(), recompute=Recompute(), policy_loss=policy_loss()
-    )
-    assert "rollout_is_weights" not in result.batch.batch
-    assert result.batch.batch["response_mask"].tolist() == MASK
-    assert result.metrics and all(key.startswith("rollout_corr/") for key in result.metrics)
+    batch, metrics = compute_old_log_probs(make_batch(), RolloutCorrection(), recompute=Recompute())
+    assert "rollout_is_weights" not in batch.batch
+    assert batch.batch["response_mask"].tolist() == MASK
+    assert metrics and all(key.startswith("rollout_corr/") for key in metrics)
 
 
 def test_metrics_only_is_skipped_without_rollout_log_probs() -> None:
     batch = make_batch(with_rollout_log_probs=False)
-    result = compute_old_log_probs(
-        batch, RolloutCorrection(), recompute=Recompute(), policy_loss=policy_loss()
-    )
-    assert (result.metrics, result.recomputed) == ({}, True)
+    batch, metrics = compute_old_log_probs(batch, RolloutCorrection(), recompute=(recompute := Recompute()))
+    assert (metrics, recompute.calls) == ({}, 1)
 
 
 def test_correction_off_recomputes_and_adds_nothing_else() -> None:
     recompute = Recompute()
-    result = compute_old_log_probs(make_batch(), None, recompute=recompute, policy_loss=policy_loss())
+    batch, metrics = compute_old_log_probs(make_batch(), None, recompute=recompute)
     assert recompute.calls == 1
-    assert sorted(result.batch.batch.keys()) == ["old_log_probs", "response_mask", "rollout_log_probs"]
-    assert result.metrics == {}
+    assert sorted(batch.batch.keys()) == ["old_log_probs", "response_mask", "rollout_log_probs"]
+    assert metrics == {}
 
 
 def test_bypass_with_per_rollout_mean_uses_rollout_log_probs_and_skips_the_recompute() -> None:
     recompute = Recompute()
-    loss = policy_loss("per_rollout_mean")
-    result = compute_old_log_probs(
-        make_batch(), RolloutCorrection(bypass_mode=True), recompute=recompute, policy_loss=loss
+    batch, _metrics = compute_old_log_probs(
+        make_batch(), RolloutCorrection(bypass_mode=True), recompute=recompute
     )
     assert recompute.calls == 0
-    assert result.recomputed is False
-    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
-    assert loss.loss_mode == "per_rollout_mean"
-    assert "rollout_is_weights" not in result.batch.batch
+    assert batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
+    assert "rollout_is_weights" not in batch.batch
 
 
-def test_bypass_with_a_verl_loss_switches_to_verls_bypass_mode_loss() -> None:
+def test_bypass_with_a_verl_loss_uses_rollout_log_probs_and_skips_the_recompute() -> None:
     recompute = Recompute()
-    loss = policy_loss("vanilla")
     correction = RolloutCorrection(bypass_mode=True, loss_type="reinforce")
-    result = compute_old_log_probs(make_batch(), correction, recompute=recompute, policy_loss=loss)
+    batch, _metrics = compute_old_log_probs(make_batch(), correction, recompute=recompute)
     assert recompute.calls == 0
-    assert result.batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
-    assert (loss.loss_mode, loss.rollout_correction.loss_type) == ("bypass_mode", "reinforce")
+    assert batch.batch["old_log_probs"].tolist() == torch.tensor(ROLLOUT).tolist()
 
 
 @pytest.mark.parametrize(
@@ -179,7 +156,6 @@ def test_missing_rollout_log_probs_fail_naming_the_key(correction: RolloutCorrec
             make_batch(with_rollout_log_probs=False),
             correction,
             recompute=Recompute(),
-            policy_loss=policy_loss(),
         )
 
 
@@ -218,22 +194,19 @@ FULLY_ASYNC = [
 
 def _trained_correction(*overrides: str) -> RolloutCorrection | None:
     """The correction the trainer trains with for ``overrides`` (as ``AglRayPPOTrainer`` builds it)."""
-    config = compose_config(list(overrides))
-    return training_correction(
-        validate_rollout_correction(config), validate_config(config).default_behaviour_weight_cap
-    )
+    return parse_settings(compose_config(list(overrides))).correction
 
 
 def test_fully_async_weights_stale_tokens_by_the_truncated_behaviour_ratio_by_default() -> None:
     correction = _trained_correction(*FULLY_ASYNC)
     assert correction == RolloutCorrection(rollout_is="token", rollout_is_threshold=2.0)
-    result = compute_old_log_probs(make_batch(), correction, recompute=Recompute(), policy_loss=policy_loss())
+    batch, _metrics = compute_old_log_probs(make_batch(), correction, recompute=Recompute())
     # The recomputed log-probs differ from the served ones: min(pi_prox / pi_behaviour, 2) per token.
     expected = [
         [math.exp(0.5), 2.0, math.exp(-0.3), 0.0],
         [math.exp(0.2), math.exp(-0.5), math.exp(0.1), 0.0],
     ]
-    torch.testing.assert_close(result.batch.batch["rollout_is_weights"], torch.tensor(expected))
+    torch.testing.assert_close(batch.batch["rollout_is_weights"], torch.tensor(expected))
 
 
 def test_the_behaviour_weight_cap_is_configurable_and_null_turns_the_default_off() -> None:
@@ -261,7 +234,7 @@ def test_a_behaviour_weight_cap_that_is_not_positive_fails_naming_the_key() -> N
     with pytest.raises(
         ValueError, match=r"agentlightning\.fully_async\.behaviour_weight_cap must be null .* got 0\.0"
     ):
-        validate_config(compose_config([*FULLY_ASYNC, "agentlightning.fully_async.behaviour_weight_cap=0"]))
+        parse_settings(compose_config([*FULLY_ASYNC, "agentlightning.fully_async.behaviour_weight_cap=0"]))
 
 
 @pytest.mark.parametrize(

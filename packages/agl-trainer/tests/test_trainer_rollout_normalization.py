@@ -11,21 +11,20 @@ from verl import DataProto
 from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
 from agl_trainer.assembly import compose_config
-from agl_trainer.settings import validate_config
-from agl_trainer.step.rollout_normalization import RolloutNormalization
+from agl_trainer.settings import NormalizationSettings, configure_verl, parse_settings
+from agl_trainer.step.rollout_normalization import normalize_by_rollout
 
 pytestmark = pytest.mark.verl
 
 _LOSS_MODE = "actor_rollout_ref.actor.policy_loss.loss_mode"
 
 
-def _configured(*overrides: str) -> tuple[RolloutNormalization, str]:
+def _configured(*overrides: str) -> tuple[NormalizationSettings, str]:
     config = compose_config(list(overrides))
-    validate_config(config)
-    normalization = RolloutNormalization.from_config(config)
-    normalization.configure_actor(config)
-    normalization.configure_actor(config)  # idempotent
-    return normalization, str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
+    settings = parse_settings(config)
+    configure_verl(config, settings)
+    configure_verl(config, settings)  # idempotent
+    return settings.normalization, str(config.actor_rollout_ref.actor.policy_loss.loss_mode)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +71,7 @@ def test_a_loss_that_cannot_weigh_rollouts_equally_fails_at_start_naming_the_key
     overrides: list[str], message: str
 ) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        validate_config(compose_config(overrides))
+        parse_settings(compose_config(overrides))
 
 
 def _batch(rollout_ids: list[str], tokens: list[int]) -> DataProto:
@@ -91,8 +90,8 @@ def test_apply_divides_each_row_by_its_rollouts_tokens_times_the_steps_count(
 ) -> None:
     # rollout a spans two rows (3 + 1 tokens), b one row (2 tokens)
     batch = _batch(["a", "b", "a"], [3, 2, 1])
-    metrics: dict[str, float] = {}
-    RolloutNormalization(True, divisor, "per_rollout_mean").apply(batch, metrics)  # pyright: ignore[reportArgumentType]
+    settings = NormalizationSettings(enabled=True, divisor=divisor, loss_mode="per_rollout_mean")  # pyright: ignore[reportArgumentType]
+    batch, metrics = normalize_by_rollout(batch, settings)
     expected = torch.tensor([2 / (4 * count)] * 3 + [0.0], dtype=torch.float32)
     torch.testing.assert_close(batch.batch["advantages"][0], expected)
     torch.testing.assert_close(batch.batch["advantages"][1, :2], torch.full((2,), 2 / (2 * count)))
@@ -104,15 +103,17 @@ def test_apply_divides_each_row_by_its_rollouts_tokens_times_the_steps_count(
 @pytest.mark.parametrize("loss_mode", ["gspo_per_rollout", "geo_mean_per_rollout"])
 def test_apply_gives_a_per_rollout_sequence_loss_each_rows_rollout_index(loss_mode: str) -> None:
     batch = _batch(["b", "a", "b", "c"], [1, 1, 1, 1])
-    RolloutNormalization(True, "rollouts", loss_mode).apply(batch, {})
+    batch, _ = normalize_by_rollout(
+        batch, NormalizationSettings(enabled=True, divisor="rollouts", loss_mode=loss_mode)
+    )
     assert batch.batch["rollout_index"].tolist() == [0, 1, 0, 2]
     assert batch.batch["rollout_index"].dtype == torch.int64
 
 
 def test_apply_with_normalisation_off_leaves_advantages_and_logs_rows_per_rollout() -> None:
     batch = _batch(["a", "a"], [2, 2])
-    metrics: dict[str, float] = {}
-    RolloutNormalization(False, "rollouts", "vanilla").apply(batch, metrics)
+    settings = NormalizationSettings(enabled=False, divisor="rollouts", loss_mode="vanilla")
+    batch, metrics = normalize_by_rollout(batch, settings)
     torch.testing.assert_close(batch.batch["advantages"], _batch(["a", "a"], [2, 2]).batch["advantages"])
     assert metrics == {"training/rows_per_rollout_mean": 2.0}
 
@@ -124,7 +125,7 @@ def test_dr_grpos_loss_agg_mode_divides_by_the_rollouts_and_the_max_response_len
     )
     assert (normalization.loss_agg_mode, normalization.loss_scale_factor) == ("seq-mean-token-sum-norm", 16.0)
     batch = _batch(["a", "b", "a"], [3, 2, 1])
-    normalization.apply(batch, {})
+    batch, _ = normalize_by_rollout(batch, normalization)
     torch.testing.assert_close(batch.batch["advantages"][1, :2], torch.full((2,), 2 / (2 * 16)))
 
 

@@ -349,7 +349,10 @@ def _probe_batch(trainer: AglRayPPOTrainer) -> Any:
     import torch
     from verl import DataProto
 
-    prompt_len, response_len = trainer.settings.max_prompt_length, trainer.settings.max_response_length
+    prompt_len, response_len = (
+        trainer.settings.adapter.max_prompt_length,
+        trainer.settings.adapter.max_response_length,
+    )
     prompts = torch.full((2, prompt_len), 5, dtype=torch.long)
     responses = torch.full((2, response_len), 7, dtype=torch.long)
     attention = torch.ones(2, prompt_len + response_len, dtype=torch.long)

@@ -6,7 +6,7 @@ dict of numpy object arrays; also lists or tensors) or a list of row dicts.
 
 from __future__ import annotations
 
-import importlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,14 +36,16 @@ def batch_rows(batch: Batch) -> list[dict[str, Any]]:
 
 
 def _concat(key: str, parts: list[Any]) -> Any:
+    """The column ``parts`` end to end. Arrays and tensors are joined by the library that made them,
+    which is loaded already since they exist: agl-rollout itself imports neither numpy nor torch."""
     first = parts[0]
-    module = type(first).__module__.split(".")[0]
+    library = sys.modules.get(type(first).__module__.split(".")[0])
     if isinstance(first, list):
         return [item for part in parts for item in part]
-    if module == "numpy":
-        return importlib.import_module("numpy").concatenate(parts, axis=0)
-    if module == "torch":
-        return importlib.import_module("torch").cat(parts, dim=0)
+    if library is not None and library.__name__ == "numpy":
+        return library.concatenate(parts, axis=0)
+    if library is not None and library.__name__ == "torch":
+        return library.cat(parts, dim=0)
     raise TypeError(
         f"unsupported batch value type for key {key!r}: {type(first).__qualname__}; "
         "columns must be lists, numpy arrays or torch tensors"

@@ -85,8 +85,6 @@ class AglClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- rollouts ---------------------------------------------------------------------------
-
     def create_rollouts(self, requests: Sequence[RolloutCreate]) -> list[Rollout]:
         """Create rollouts in one batch; every request must carry its ``rollout_id``.
 
@@ -137,8 +135,6 @@ class AglClient:
         """Delete a rollout and its events; deleting an unknown id is a no-op on the server."""
         self._send("DELETE", f"/api/rollouts/{rollout_id}")
 
-    # -- events -----------------------------------------------------------------------------
-
     def get_events(
         self,
         rollout_id: str,
@@ -170,8 +166,6 @@ class AglClient:
             mode="connect-only",
         )
         return Event.model_validate(data)
-
-    # -- gateway ----------------------------------------------------------------------------
 
     def delete_models(self) -> None:
         """Remove every registered model endpoint (of every model name)."""
@@ -213,8 +207,6 @@ class AglClient:
 
     def proxy_state(self) -> PauseState:
         return PauseState.model_validate(self._json("GET", "/proxy/state"))
-
-    # -- transport --------------------------------------------------------------------------
 
     def _url(self, path: str) -> str:
         return f"{self.base_url}{path}"

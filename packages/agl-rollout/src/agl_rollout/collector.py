@@ -125,8 +125,6 @@ class GroupCollector:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agl-collector", daemon=True)
 
-    # -- life cycle ---------------------------------------------------------------------------
-
     def start(self) -> GroupCollector:
         self._thread.start()
         return self
@@ -177,8 +175,6 @@ class GroupCollector:
             with self._lock:
                 self._admission_holds -= 1
                 self._lock.notify_all()
-
-    # -- the trainer's side -------------------------------------------------------------------
 
     @property
     def n_complete(self) -> int:
@@ -286,8 +282,6 @@ class GroupCollector:
     def _raise_error(self) -> None:
         if self._error is not None:
             raise CollectorError(f"the rollout collector failed: {self._error!r}") from self._error
-
-    # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
         try:

@@ -36,6 +36,10 @@ def is_ahead(group: CarriedGroup, trained_version: int) -> bool:
     return span is not None and span[1] > trained_version
 
 
+DEFAULT_UNBOUNDED_STEPS_AHEAD = 2
+"""With no staleness bound, fully async holds as many groups as with K = 2 unless told otherwise."""
+
+
 @dataclass(frozen=True)
 class Admission:
     """How many GRPO groups the collector may hold (running or complete, not yet taken).
@@ -68,6 +72,26 @@ class Admission:
             )
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 or None (no bound), got {self.max_staleness}")
+
+    @classmethod
+    def sync(cls, groups_per_step: int) -> Admission:
+        """One step's generation batch, admitted once the previous step's weights are published."""
+        return cls(groups_per_step, groups_per_step, 0, overlap=False)
+
+    @classmethod
+    def carry_over(cls, groups_per_step: int, max_groups: int) -> Admission:
+        """Up to ``max_groups`` groups between steps; what a step does not take carries over."""
+        return cls(groups_per_step, max_groups, None, overlap=False)
+
+    @classmethod
+    def fully_async(
+        cls, groups_per_step: int, max_staleness: int | None, max_groups: int | None = None
+    ) -> Admission:
+        """Groups run through the update, up to ``(K + 1) x groups_per_step`` held (``max_groups``
+        caps it; with no bound K, as many as with K = 2)."""
+        bound = DEFAULT_UNBOUNDED_STEPS_AHEAD if max_staleness is None else max_staleness
+        held = max_groups or (bound + 1) * groups_per_step
+        return cls(groups_per_step, held, max_staleness, overlap=True)
 
     def limit(self, step_open: bool) -> int:
         """The groups that may be held now; ``step_open``: a taken step is training."""

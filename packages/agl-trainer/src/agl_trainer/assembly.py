@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agl_trainer.datasets import InMemoryDataset
 from agl_trainer.serving.weights import ExternalVllmPush, NoWeightPush, WeightPusher
-from agl_trainer.settings import gateway_model_name, validate_config
+from agl_trainer.settings import ServerSettings, configure_verl, parse_settings
 from agl_trainer.trainer import AglRayPPOTrainer
 from agl_trainer.verl_glue.compat import check_verl_version
 from agl_trainer.verl_glue.workers import ray_runtime_env
@@ -53,23 +53,13 @@ def init_ray(config: DictConfig) -> None:
     ray.init(runtime_env=runtime_env, **ray_init)
 
 
-def default_weight_pusher(config: DictConfig, endpoints: Sequence[str]) -> WeightPusher:
+def default_weight_pusher(server: ServerSettings) -> WeightPusher:
     """External vLLM reload when ``agentlightning.external_servers.weights_dir`` is set, else none."""
-    weights_dir = config.agentlightning.external_servers.get("weights_dir")
-    if not weights_dir:
+    if server.weights_dir is None:
         return NoWeightPush()
-    initial = Path(str(config.actor_rollout_ref.model.path))
     return ExternalVllmPush(
-        endpoints,
-        served_model_name(config),
-        Path(weights_dir),
-        initial_weights=initial if initial.is_dir() else None,
+        server.endpoints, server.model_name, server.weights_dir, initial_weights=server.initial_weights
     )
-
-
-def served_model_name(config: DictConfig) -> str:
-    """The model name agents and the gateway use: ``agentlightning.served_model_name`` or the model path."""
-    return gateway_model_name(config)
 
 
 def load_processor(model_path: str) -> Any | None:
@@ -107,14 +97,16 @@ def build_trainer(
     weight_pusher: WeightPusher | None = None,
     processor: Any | None = None,
 ) -> AglRayPPOTrainer:
-    """Validate, start Ray, and build the trainer with its workers (not yet trained).
+    """Map the config onto settings (checking every key), start Ray, and build the trainer with its
+    workers (not yet trained).
 
     ``processor``: the model's HF processor; None loads it (:func:`load_processor`).
     """
     from verl.utils import hf_tokenizer
 
     check_verl_version()
-    settings = validate_config(config)
+    settings = parse_settings(config)
+    configure_verl(config, settings)
     train = InMemoryDataset(train_dataset, name="train_dataset")
     val = InMemoryDataset(val_dataset, name="val_dataset")
     model_path = str(config.actor_rollout_ref.model.path)
@@ -124,11 +116,12 @@ def build_trainer(
     tokenizer = hf_tokenizer(model_path)
     trainer = AglRayPPOTrainer(
         config,
+        settings,
         tokenizer,
         processor=processor,
         train_dataset=train,
         val_dataset=val,
-        weight_pusher=weight_pusher or default_weight_pusher(config, settings.external_endpoints),
+        weight_pusher=weight_pusher or default_weight_pusher(settings.server),
     )
     try:
         trainer.init_workers()
@@ -282,5 +275,4 @@ __all__ = (
     "production_config",
     "run_from_files",
     "run_ppo",
-    "served_model_name",
 )

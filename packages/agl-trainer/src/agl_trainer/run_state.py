@@ -8,12 +8,9 @@ points at a folder without it; a checkpoint of verl alone resumes at the version
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig
 
 from agl_rollout import AsyncRolloutState
 
@@ -26,10 +23,11 @@ class RunState:
     async_state: AsyncRolloutState | None
     leftover_samples: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
 
-    def save(self, config: DictConfig, step: int) -> None:
-        """Write the state into the checkpoint folder of ``step`` (created when missing), atomically."""
+    def save(self, checkpoint_dir: Path, step: int) -> None:
+        """Write the state into verl's folder of the checkpoint of ``step`` under ``checkpoint_dir``
+        (created when missing), atomically."""
         held = self.async_state.model_dump(mode="json") if self.async_state is not None else None
-        folder = checkpoint_folder(config, step)
+        folder = checkpoint_dir / f"global_step_{step}"
         folder.mkdir(parents=True, exist_ok=True)
         body = {
             "weight_version": self.weight_version,
@@ -41,10 +39,10 @@ class RunState:
         partial.replace(folder / STATE_FILE)
 
     @classmethod
-    def load(cls, config: DictConfig, step: int) -> RunState | None:
+    def load(cls, checkpoint_dir: Path, step: int) -> RunState | None:
         """The state saved with the checkpoint of ``step``; None at step 0 (a fresh run) or when the
         folder has none (a checkpoint of verl alone)."""
-        path = checkpoint_folder(config, step) / STATE_FILE
+        path = checkpoint_dir / f"global_step_{step}" / STATE_FILE
         if not step or not path.exists():
             return None
         state = json.loads(path.read_text())
@@ -56,12 +54,4 @@ class RunState:
         )
 
 
-def checkpoint_folder(config: DictConfig, step: int) -> Path:
-    """verl's folder of the checkpoint of ``step`` (``trainer.default_local_dir``, relative to the cwd)."""
-    root = Path(config.trainer.default_local_dir)
-    if not root.is_absolute():
-        root = Path(os.getcwd()) / root
-    return root / f"global_step_{step}"
-
-
-__all__ = ("STATE_FILE", "RunState", "checkpoint_folder")
+__all__ = ("STATE_FILE", "RunState")

@@ -47,7 +47,7 @@ from agl_trainer.local import (
 )
 from agl_trainer.local.plot import plot_metrics
 from agl_trainer.local.tiny_model import build_tiny_model
-from agl_trainer.settings import AglSettings, batch_sizes
+from agl_trainer.settings import parse_settings
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 DEMO_STEPS = 25
@@ -158,8 +158,8 @@ def with_file_logger(config: DictConfig) -> DictConfig:
 
 def agent_slots(config: DictConfig) -> int:
     """How many local agents run at once: every rollout the configured mode keeps in flight."""
-    admission = AglSettings.from_config(config).admission(*batch_sizes(config))
-    return int(config.actor_rollout_ref.rollout.n) * admission.max_groups
+    pipeline = parse_settings(config).pipeline
+    return pipeline.manager.train_rollout_n * pipeline.admission.max_groups
 
 
 def run_embedded_default(

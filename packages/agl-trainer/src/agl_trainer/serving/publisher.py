@@ -1,4 +1,4 @@
-"""Pipeline stage 3: after an update, make the inference servers serve the new weights.
+"""Stage 10: after an update, make the inference servers serve the new weights.
 
 Every publish, in every mode and the first after a (re)start too: the gateway is paused and the
 model calls in flight finish (recorded with the version that served them), the weights are
@@ -11,30 +11,32 @@ calls recorded under the old version; the error names the endpoint.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
-from agl_rollout import AglClient
+from agl_rollout import AglClient, model_registrations
 from agl_trainer.serving.drain import Drain
 from agl_trainer.serving.weights import WeightPusher
-from agl_trainer.step.collection import Registrations
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 
 class Publisher:
-    """Pushes the actor's weights with ``pusher`` and moves the gateway's registrations along;
-    ``resume`` reopens the gateway after each publish (fully async)."""
+    """Pushes the actor's weights with ``pusher`` and registers ``model_name`` on ``endpoints`` at the
+    new version; ``resume`` reopens the gateway after each publish (fully async)."""
 
     def __init__(
         self,
         client: AglClient,
         pusher: WeightPusher,
-        registrations: Registrations,
         *,
+        model_name: str,
+        endpoints: Sequence[str],
         resume: bool,
         drain: Drain,
     ) -> None:
         self.client = client
         self.pusher = pusher
-        self.registrations = registrations
+        self.model_name = model_name
+        self.endpoints = tuple(endpoints)
         self.resume = resume
         self.drain = drain
         self.published: int | None = None
@@ -52,7 +54,7 @@ class Publisher:
             self.client.delete_models()
             raise
         self.published = version
-        self.client.register_models(self.registrations())
+        self.client.register_models(model_registrations(self.model_name, self.endpoints, version=version))
         if self.resume:
             self.client.resume()
         else:

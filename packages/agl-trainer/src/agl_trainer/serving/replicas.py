@@ -11,27 +11,14 @@ Needs GPUs and verl's vLLM extra; ``scripts/gpu-smoke.sh`` runs two steps of it.
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-from omegaconf import DictConfig, open_dict
 
-from agl_trainer.settings import gateway_model_name
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
-
-def replica_config(config: DictConfig) -> DictConfig:
-    """``config`` with the replicas told to answer to the gateway's model name.
-
-    The gateway rewrites each call's ``model`` to :func:`gateway_model_name`; without
-    ``--served-model-name`` vLLM answers only to the model path it loaded, so any other name would
-    make every call a 404. verl forwards ``rollout.engine_kwargs.vllm.*`` to vLLM's command line.
-    """
-    replicas = copy.deepcopy(config)
-    with open_dict(replicas):
-        replicas.actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name = gateway_model_name(config)
-    return replicas
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 class VerlReplicas:
@@ -51,7 +38,8 @@ class VerlReplicas:
 
     @classmethod
     def start(cls, config: DictConfig, workers: PolicyWorkers) -> VerlReplicas:
-        """Start the replicas on the actor workers' GPUs (``workers`` built with the rollout role)."""
+        """Start the replicas on the actor workers' GPUs (``workers`` built with the rollout role);
+        ``config`` is verl's, answering to the gateway's model name (:func:`agl_trainer.settings.replica_config`)."""
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.rollout.llm_server import LLMServerManager
@@ -59,7 +47,7 @@ class VerlReplicas:
         # verl's auto_await runs these coroutine methods to completion when called without await;
         # type checkers see coroutines, hence Any.
         servers: Any = LLMServerManager.create(
-            config=replica_config(config), worker_group=workers.actor, rollout_resource_pool=workers.pool
+            config=config, worker_group=workers.actor, rollout_resource_pool=workers.pool
         )
         checkpoints: Any = CheckpointEngineManager(
             config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine),
@@ -105,4 +93,4 @@ class VerlReplicas:
         ray.kill(self._servers.global_load_balancer)
 
 
-__all__ = ("VerlReplicas", "replica_config")
+__all__ = ("VerlReplicas",)

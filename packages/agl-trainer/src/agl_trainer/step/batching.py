@@ -1,4 +1,4 @@
-"""Pipeline stage 2a: the adapter's batch cut to what the actor trains on."""
+"""Stage 4: the adapter's batch cut to what the actor trains on."""
 
 from __future__ import annotations
 
@@ -7,36 +7,30 @@ from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from verl import DataProto
 
 from agl_algos import mini_batch_keep_count, row_rewards_from_scores, select_rows_to_keep
+from agl_trainer.settings import BatchSettings
 
 logger = logging.getLogger("agl_trainer")
 
 
 def cut_batch(
-    batch: DataProto,
-    config: DictConfig,
-    metrics: dict[str, Any],
-    *,
-    max_ppo_update_times: int | None,
-    rng: np.random.Generator,
-    step: int,
-) -> DataProto | None:
+    batch: DataProto, settings: BatchSettings, *, rng: np.random.Generator, step: int
+) -> tuple[DataProto | None, dict[str, Any]]:
     """uid = data_id; drop prompt-overflow rows; cut to a multiple of the mini-batch, same-reward first.
 
-    Returns None (and logs why) when no trainable row is left.
+    The batch is None (and the log says why) when no trainable row is left.
     """
     batch.non_tensor_batch["uid"] = np.array(batch.non_tensor_batch["data_id_list"], dtype=object)
-    metrics["training/n_sample_collected"] = len(batch)
+    metrics: dict[str, Any] = {"training/n_sample_collected": len(batch)}
     keep = (~batch.batch["is_drop_mask"]).nonzero(as_tuple=True)[0]
     metrics["training/n_sample_dropped/marked"] = len(batch) - len(keep)
     if len(keep) < len(batch):
         batch = select_rows(batch, keep)
-    actor = config.actor_rollout_ref.actor
-    mini_batch_rows = int(actor.ppo_mini_batch_size) * int(config.actor_rollout_ref.rollout.n)
-    n_keep = mini_batch_keep_count(len(batch), mini_batch_rows, max_ppo_update_times=max_ppo_update_times)
+    n_keep = mini_batch_keep_count(
+        len(batch), settings.mini_batch_rows, max_ppo_update_times=settings.max_ppo_update_times
+    )
     selection = select_rows_to_keep(
         batch.non_tensor_batch["uid"], row_rewards_from_scores(batch.batch["token_level_scores"]), n_keep, rng
     )
@@ -46,12 +40,14 @@ def cut_batch(
             "step %d: no trainable rows after dropping and flooring to a multiple of %d rows "
             "(ppo_mini_batch_size x rollout.n); the step trains nothing",
             step,
-            mini_batch_rows,
+            settings.mini_batch_rows,
         )
-        return None
+        return None, metrics
     if len(selection.keep) < len(batch):
         batch = select_rows(batch, torch.as_tensor(selection.keep))
-    return batch
+    batch.meta_info["temperature"] = settings.temperature
+    batch.meta_info["global_token_num"] = torch.sum(batch.batch["attention_mask"], dim=-1).tolist()
+    return batch, metrics
 
 
 def select_rows(batch: DataProto, rows: torch.Tensor) -> DataProto:

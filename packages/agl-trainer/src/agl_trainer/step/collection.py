@@ -1,8 +1,7 @@
-"""Pipeline stage 1: where a step's rollouts come from: one :class:`~agl_rollout.GroupCollector`
-in every mode.
+"""Stage 1: where a step's rollouts come from: one :class:`~agl_rollout.GroupCollector` in every mode.
 
-The three modes are three admission rules (:meth:`AglSettings.admission`) and one difference
-in the gateway:
+The three modes are three admission rules (:class:`agl_rollout.Admission`, chosen by
+:mod:`agl_trainer.settings.pipeline`) and one difference in the gateway:
 
 - sync: one step's generation batch starts once the previous step is over (staleness bound 0);
 - async (carry-over): more groups run than a step trains; the rest carry over to the next step;
@@ -19,33 +18,27 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
+from functools import partial
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig
-
 from agl_rollout import (
-    Admission,
     AglClient,
     AglServerError,
     AsyncRolloutManager,
     AsyncRolloutState,
     BatchTopUp,
     GroupCollector,
-    RolloutHooks,
-    RolloutManagerConfig,
-    StalenessGate,
     SyncRolloutManager,
     load_hooks,
-    model_registrations,
 )
 from agl_trainer.serving.drain import Drain
-from agl_trainer.settings import AglSettings, batch_sizes
-from agl_trainer.step.dynamic_sampling import DynamicSampling
-from agl_types import CompletedRollout, ModelRegistration
+from agl_trainer.settings import PipelineSettings
+from agl_trainer.step.dynamic_sampling import dynamic_sampling_metrics, keeps_group, max_groups_examined
+from agl_types import CompletedRollout
 
 logger = logging.getLogger(__name__)
 
-Registrations = Callable[[], list[ModelRegistration]]
 _T = TypeVar("_T")
 
 
@@ -60,68 +53,24 @@ class Collection:
     def __init__(
         self,
         client: AglClient,
-        manager_config: RolloutManagerConfig,
+        settings: PipelineSettings,
         *,
-        admission: Admission,
-        gate: StalenessGate,
-        train_batch_size: int,
         top_up: BatchTopUp,
         drain: Drain,
-        take_timeout_s: float,
-        hooks: RolloutHooks | None = None,
-        dynamic_sampling: DynamicSampling | None = None,
+        include_images: bool = False,
     ) -> None:
+        """``include_images``: read each model call's images (a vision-language model's run)."""
         self.client = client
-        self.admission = admission
-        self.gate = gate
-        self.train_batch_size = train_batch_size
+        self.settings = settings
+        self.admission = settings.admission
         self.top_up = top_up
         self.drain = drain
-        self.take_timeout_s = take_timeout_s
-        self.dynamic_sampling = dynamic_sampling
-        self._manager_config = manager_config
-        self._hooks = hooks
-        self.val_manager = SyncRolloutManager(client, manager_config, hooks=hooks)
+        self._manager_config = replace(settings.manager, include_images=include_images)
+        self._hooks = load_hooks(settings.hooks) if settings.hooks else None
+        self.val_manager = SyncRolloutManager(client, self._manager_config, hooks=self._hooks)
         self.collector: GroupCollector | None = None
         self._restored: AsyncRolloutState | None = None
         self._stopped = False
-
-    @classmethod
-    def from_config(
-        cls,
-        config: DictConfig,
-        settings: AglSettings,
-        client: AglClient,
-        top_up: BatchTopUp,
-        *,
-        include_images: bool = False,
-    ) -> Collection:
-        """The collection ``config`` describes; ``include_images`` reads each model call's images."""
-        train_batch_size, gen_batch_size = batch_sizes(config)
-        return cls(
-            client,
-            RolloutManagerConfig(
-                train_rollout_n=int(config.actor_rollout_ref.rollout.n),
-                rollout_timeout_seconds=settings.rollout_timeout_seconds,
-                poll_interval_seconds=settings.poll_interval_seconds,
-                max_poll_interval_seconds=settings.max_poll_interval_seconds,
-                local_agent_class=settings.local_agent_class,
-                local_env_map=settings.local_env_map,
-                k8s_job_template_path=settings.k8s_job_template_path,
-                include_routed_experts=settings.routing_replay_key is not None,
-                include_images=include_images,
-            ),
-            admission=settings.admission(train_batch_size, gen_batch_size),
-            gate=settings.staleness_gate,
-            train_batch_size=train_batch_size,
-            top_up=top_up,
-            drain=settings.drain,
-            take_timeout_s=2 * settings.rollout_timeout_seconds + settings.drain_timeout_seconds,
-            hooks=load_hooks(settings.hooks) if settings.hooks else None,
-            dynamic_sampling=DynamicSampling.from_config(config, settings.reward_fillna_value),
-        )
-
-    # -- life cycle ------------------------------------------------------------------------------
 
     def restore(self, state: AsyncRolloutState | None, leftover_samples: Sequence[dict[str, Any]]) -> None:
         """Carry a checkpoint's held groups and cut-off loader samples on (before :meth:`start`)."""
@@ -133,7 +82,7 @@ class Collection:
         manager = AsyncRolloutManager(
             self.client,
             self._manager_config,
-            train_batch_size=self.train_batch_size,
+            train_batch_size=self.settings.train_batch_size,
             async_train_batch_size=self.admission.max_groups,
             hooks=self._hooks,
             state=self._restored,
@@ -141,7 +90,11 @@ class Collection:
         manager.hooks.startup()
         self._open_gateway_for_admission()
         self.collector = GroupCollector(
-            manager, self.top_up.next_batch, self.gate, admission=self.admission, steps_done=steps_done
+            manager,
+            self.top_up.next_batch,
+            self.settings.gate,
+            admission=self.admission,
+            steps_done=steps_done,
         ).start()
 
     def stop(self) -> None:
@@ -173,23 +126,20 @@ class Collection:
         with self.collector.admission_held():
             yield
 
-    # -- per step --------------------------------------------------------------------------------
-
     def take(self, step: int, trained_version: int) -> tuple[list[CompletedRollout], dict[str, float]]:
         """The step's completed rollouts (GRPO siblings adjacent), through dynamic sampling when it
         is on, and the collection's metrics."""
         if self.collector is None:
             raise RuntimeError("Collection.start() has not been called")
         collector = self.collector
-        sampling = self.dynamic_sampling
+        sampling = self.settings.dynamic_sampling
+        keep = partial(keeps_group, settings=sampling) if sampling else None
+        max_examined = max_groups_examined(sampling, self.admission.groups_per_step) if sampling else None
         requests_before = self.client.request_count
         collected, drain = self._with_gateway_open(
             step,
             lambda: collector.take(
-                trained_version,
-                timeout_s=self.take_timeout_s,
-                keep=sampling.keeps if sampling else None,
-                max_examined=sampling.max_examined(self.admission.groups_per_step) if sampling else None,
+                trained_version, timeout_s=self.settings.take_timeout_s, keep=keep, max_examined=max_examined
             ),
         )
         metrics = {
@@ -199,10 +149,11 @@ class Collection:
             / max(len(collected.rollouts), 1),
         }
         if sampling is not None:
-            metrics |= sampling.metrics(
+            metrics |= dynamic_sampling_metrics(
                 collected,
+                sampling,
                 gen_batch_size=self.admission.groups_per_step,
-                train_batch_size=self.train_batch_size,
+                train_batch_size=self.settings.train_batch_size,
                 step=step,
             )
         return collected.rollouts, metrics
@@ -246,9 +197,4 @@ class Collection:
         return result, self.drain(self.client, f"rollout_done step={step}")
 
 
-def registrations_for(model: str, endpoints: Sequence[str], version: Callable[[], int]) -> Registrations:
-    """The gateway registrations of ``model`` on ``endpoints`` at the weight version ``version()``."""
-    return lambda: model_registrations(model, endpoints, version=version())
-
-
-__all__ = ("Collection", "Registrations", "registrations_for")
+__all__ = ("Collection",)

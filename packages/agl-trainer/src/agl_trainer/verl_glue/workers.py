@@ -11,6 +11,8 @@ It also holds the Ray worker setup hook, :func:`setup_worker_process`, that ever
 before its first task.
 """
 
+from __future__ import annotations
+
 import importlib
 import importlib.util
 import os
@@ -18,10 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-from omegaconf import DictConfig
 from ray.util.placement_group import remove_placement_group
 from tensordict import TensorDict
 from verl import DataProto
@@ -34,6 +35,9 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from agl_trainer.verl_glue.actor_worker import AglActorRefWorker
 from agl_trainer.verl_glue.cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = (
     "WORKER_SETUP_HOOK",

@@ -1,0 +1,68 @@
+"""``ServerSettings``: agl-server, the gateway's model name and the inference servers behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from agl_trainer.serving.drain import Drain
+from agl_trainer.settings.values import positive, select, text
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Where agl-server is, the model name agents ask for, and the servers the gateway routes to.
+
+    ``endpoints`` empty means verl's own vLLM replicas serve the agents (:attr:`uses_verl_replicas`).
+    ``initial_weights`` is the model folder the servers start from (None for a hub name): a push of
+    weights identical to it is recognised, not reported as an ignored reload.
+    """
+
+    base_url: str
+    key: str | None
+    model_name: str
+    endpoints: tuple[str, ...]
+    weights_dir: Path | None
+    initial_weights: Path | None
+    drain: Drain
+
+    @property
+    def uses_verl_replicas(self) -> bool:
+        """No external endpoints: verl's hybrid-engine vLLM replicas serve the agents."""
+        return not self.endpoints
+
+
+def gateway_model_name(config: DictConfig) -> str:
+    """The model name agents ask for and the gateway rewrites every call to:
+    ``agentlightning.served_model_name``, or ``actor_rollout_ref.model.path`` when that is null."""
+    return str(select(config, "agentlightning.served_model_name", config.actor_rollout_ref.model.path))
+
+
+def parse_server(config: DictConfig) -> ServerSettings:
+    agl = config.agentlightning
+    model_path = str(config.actor_rollout_ref.model.path)
+    weights_dir = text(select(config, "agentlightning.external_servers.weights_dir"))
+    endpoints = select(config, "agentlightning.external_servers.endpoints", [])
+    return ServerSettings(
+        base_url=str(agl.agl_base_url),
+        key=text(agl.agl_key),
+        model_name=gateway_model_name(config),
+        endpoints=tuple(str(endpoint) for endpoint in endpoints),
+        weights_dir=Path(weights_dir) if weights_dir else None,
+        initial_weights=Path(model_path) if Path(model_path).is_dir() else None,
+        drain=Drain(
+            positive(
+                "agentlightning.drain_timeout_seconds",
+                select(config, "agentlightning.drain_timeout_seconds", 600),
+            ),
+            positive(
+                "agentlightning.drain_poll_interval_seconds",
+                select(config, "agentlightning.drain_poll_interval_seconds", 0.25),
+            ),
+        ),
+    )
+
+
+__all__ = ("ServerSettings", "gateway_model_name", "parse_server")
