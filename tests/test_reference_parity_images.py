@@ -4,8 +4,9 @@ The reference's ``RolloutAdapter`` (``verl/rollout_adapter.py``, with the ``Trip
 ``CompletedRollout`` models of ``verl/agl_rollout_manager.py``, and ``schemas.RolloutState``) is read from the agentlightning
 package installed in agl-server's tool environment and run here, beside agl's adapter, on
 hypothesis-drawn transition-level rollouts with images (the reference refuses images at trajectory
-level) through the same tiny Qwen2-VL processor: the same ``input_ids``, ``attention_mask``,
-``position_ids`` and per-row ``multi_modal_inputs``.
+level) through the same tiny Qwen2-VL processor, with verl's bound ``get_rope_index`` and without
+it (the reference then recognises Qwen-VL by class and calls verl's own helper): the same
+``input_ids``, ``attention_mask``, ``position_ids`` and per-row ``multi_modal_inputs``.
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ def reference() -> dict[str, Any]:
     return namespace
 
 
-@pytest.fixture(scope="module")
-def processor() -> Any:
-    return tiny_vl_processor()
+@pytest.fixture(scope="module", params=[True, False], ids=["bound_rope_index", "unbound"])
+def processor(request: pytest.FixtureRequest) -> Any:
+    return tiny_vl_processor(bind_rope_index=request.param)
 
 
 def _their_rollout(reference: dict[str, Any], triplets: list[Triplet]) -> Any:

@@ -4,7 +4,8 @@ The processor is transformers' real ``Qwen2VLProcessor`` (its Qwen2-VL image pro
 tokenizer with Qwen-VL's vision tokens) without the video processor: transformers builds that one
 on torchvision, which has no CPU build for torch 2.13 here (the PyPI wheel breaks transformers'
 Qwen2-VL imports against CPU torch). ``get_rope_index`` is bound the way verl's ``hf_processor``
-binds it, so the adapter sees what the trainer gives it.
+binds it, so the adapter sees what the trainer gives it; unbound, it is the processor a user gets
+from ``AutoProcessor.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def _config(tokenizer: Any) -> Any:
     )
 
 
-def tiny_vl_processor() -> Any:
-    """A Qwen2-VL processor whose images are 1 to 4 x 1 to 4 merged patches (28-pixel cells)."""
+def tiny_vl_processor(bind_rope_index: bool = True) -> Any:
+    """A Qwen2-VL processor whose images are 1 to 4 x 1 to 4 merged patches (28-pixel cells);
+    ``bind_rope_index=False`` leaves out what verl's ``hf_processor`` adds (config, get_rope_index)."""
     from transformers import Qwen2VLModel, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -93,6 +95,8 @@ def tiny_vl_processor() -> Any:
         temporal_patch_size=2,
     )
     processor = ImageOnlyQwen2VLProcessor(image_processor, tokenizer)
+    if not bind_rope_index:
+        return processor
     processor.config = _config(tokenizer)  # pyright: ignore[reportAttributeAccessIssue]
     processor.get_rope_index = types.MethodType(Qwen2VLModel.get_rope_index, processor)  # pyright: ignore[reportAttributeAccessIssue]
     processor.get_vision_position_ids = types.MethodType(Qwen2VLModel.get_vision_position_ids, processor)  # pyright: ignore[reportAttributeAccessIssue]

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agl_adapter import AdapterBatch, RolloutAdapter, load_image
+from agl_adapter import AdapterBatch, InvalidImagesError, RolloutAdapter, load_image
 from agl_testing.requirements import import_optional
 from agl_testing.routes import succeeded_rollout
 from agl_types import Triplet
@@ -111,6 +111,74 @@ def test_a_merged_row_takes_its_last_calls_images_which_hold_every_image_of_the_
         [0, 1, 2, 3, 4, 5, 6, 7, 7, 9, 10, 0],
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0],
     ]
+
+
+@pytest.fixture(scope="module")
+def unbound() -> Any:
+    """The same processor as ``AutoProcessor.from_pretrained`` gives it: no bound get_rope_index."""
+    return tiny_vl_processor(bind_rope_index=False)
+
+
+def test_a_qwen_vl_processor_without_a_bound_rope_index_is_recognised_by_class_and_gets_mrope_positions(
+    unbound: Any,
+) -> None:
+    prompt = [5, *placeholder(unbound, 2, 1), 6, *placeholder(unbound, 1, 2)]
+    triplet = Triplet(
+        prompt_token_ids=prompt, response_token_ids=[7], image_urls=[png_data_url(2, 1), png_data_url(1, 2)]
+    )
+    batch = _build(_adapter(unbound, p=10, r=2), triplet)
+    # 5 start [pad pad] end 6 start [pad pad] end 7 (padding): one row of two patches at 2 + (0, 0, col),
+    # text resumes at 2 + 2; one column of two at 7 + (0, row, 0), text resumes at 7 + 2; 1 on padding.
+    assert batch.position_ids.tolist() == [
+        [
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1],
+            [0, 1, 2, 2, 4, 5, 6, 7, 7, 9, 10, 1],
+            [0, 1, 2, 2, 4, 5, 6, 7, 8, 9, 10, 1],
+            [0, 1, 2, 3, 4, 5, 6, 7, 7, 9, 10, 1],
+        ]
+    ]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(0, 3)), min_size=1, max_size=3
+    ),
+    response=st.lists(st.integers(1, 99), min_size=1, max_size=4),
+    spare=st.integers(0, 3),
+)
+def test_an_unbound_qwen_vl_processor_gives_every_token_the_positions_the_bound_one_gives(
+    processor: Any, unbound: Any, calls: list[tuple[int, int, int]], response: list[int], spare: int
+) -> None:
+    """Images of 1 to 3 x 1 to 3 cells, each after 0 to 3 text tokens; padding aside, the positions
+    equal those of the model's own get_rope_index."""
+    prompt: list[int] = []
+    for w, h, text in calls:
+        prompt += [*range(1, text + 1), *placeholder(processor, w, h)]
+    urls = [png_data_url(w, h, shade=k) for k, (w, h, _) in enumerate(calls)]
+    triplet = Triplet(prompt_token_ids=prompt, response_token_ids=response, image_urls=urls)
+    p, r = len(prompt) + spare, len(response) + spare
+    theirs, ours = _build(_adapter(processor, p, r), triplet), _build(_adapter(unbound, p, r), triplet)
+    valid = ours.attention_mask[0].bool()
+    assert torch.equal(ours.position_ids[0][:, valid], theirs.position_ids[0][:, valid])
+
+
+def test_a_qwen_vl_processor_that_cannot_give_mrope_positions_is_an_error_naming_its_class() -> None:
+    from agl_trainer.local.tiny_model import build_tiny_tokenizer
+
+    processor = tiny_vl_processor(bind_rope_index=False)
+    processor.tokenizer = build_tiny_tokenizer()  # without Qwen-VL's <|vision_start|>
+    image = processor.image_token_id
+    triplet = Triplet(
+        prompt_token_ids=[5, *[image] * 4], response_token_ids=[7], image_urls=[png_data_url(2, 2)]
+    )
+    with pytest.raises(InvalidImagesError) as raised:
+        _build(_adapter(processor, p=5, r=1), triplet)
+    assert str(raised.value) == (
+        "the processor ImageOnlyQwen2VLProcessor is a Qwen-VL one without a bound get_rope_index, and mrope "
+        "positions need the <|vision_start|> token id: load it with verl's hf_processor "
+        "(verl.utils.tokenizer.hf_processor), which binds the model's get_rope_index"
+    )
 
 
 def _assert_dropped(batch: AdapterBatch, metrics: dict[str, Any], row: int) -> None:

@@ -1,5 +1,5 @@
 """agl-adapter's wandb outputs against real wandb, in offline mode (a run on disk, nothing sent):
-the mismatch table and the per-step trajectory artifacts."""
+the mismatch table, the per-step trajectory artifacts and the tables indexing them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from agl_adapter import (
     MISMATCH_COLUMNS,
+    TRAJECTORY_INDEX_COLUMNS,
     LogMismatchSink,
     MismatchEntry,
     WandbMismatchSink,
@@ -117,7 +118,7 @@ def test_an_active_run_gets_each_written_file_as_an_artifact_of_its_kind(
     monkeypatch.setattr(offline_run, "log_artifact", spy)
     artifacts = ZippedJsonlArtifacts(tmp_path / "trajectories")
     artifacts.write("train_trajectories", [{"rollout_id": "r1"}, {"rollout_id": "r2"}], 7)
-    [artifact] = logged
+    [artifact] = [a for a in logged if a.type != "run_table"]  # wandb stores a logged table as one too
     assert artifact.name == f"train-trajectories-{offline_run.id}-step-7"  # Agent Lightning 1.0.2's name
     assert artifact.type == "train_trajectories"
     assert artifact.metadata == {"global_steps": 7, "row_count": 2, "format": "jsonl.zip"}
@@ -133,3 +134,41 @@ def test_without_a_run_only_the_file_is_written(tmp_path: Path) -> None:
     assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.zip")] == [
         "step_2/validation_trajectories.jsonl.zip"
     ]
+
+
+def test_each_trajectory_artifact_is_indexed_by_the_references_table_at_its_step(
+    offline_run: Any, tmp_path: Path, logged_steps: list[int | None]
+) -> None:
+    """Agent Lightning 1.0.2's ``training/rollout_trajectories`` and ``val/rollout_trajectories``: one
+    row naming the step's artifact, the file's path in it and its record count; mismatches get none."""
+    artifacts = ZippedJsonlArtifacts(tmp_path / "trajectories")
+    artifacts.write("train_trajectories", [{"rollout_id": "r1"}, {"rollout_id": "r2"}], 7)
+    artifacts.write("validation_trajectories", [{"rollout_id": "r3"}], 7)
+    artifacts.write("trace_merge_mismatches", [{"rollout_id": "r1"}], 7)
+    offline_run.finish()
+    assert logged_steps == [7, 7]
+    assert TRAJECTORY_INDEX_COLUMNS == (
+        "global_steps",
+        "trajectory_artifact",
+        "trajectory_artifact_path",
+        "row_count",
+    )
+    assert _tables_on_disk(Path(offline_run.dir)) == {
+        "training/rollout_trajectories": {
+            "columns": list(TRAJECTORY_INDEX_COLUMNS),
+            "data": [
+                [7, f"train-trajectories-{offline_run.id}-step-7", "step_7/train_trajectories.jsonl.zip", 2]
+            ],
+        },
+        "val/rollout_trajectories": {
+            "columns": list(TRAJECTORY_INDEX_COLUMNS),
+            "data": [
+                [
+                    7,
+                    f"validation-trajectories-{offline_run.id}-step-7",
+                    "step_7/validation_trajectories.jsonl.zip",
+                    1,
+                ]
+            ],
+        },
+    }

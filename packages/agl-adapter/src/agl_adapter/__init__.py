@@ -23,6 +23,7 @@ from agl_adapter.padding import (
 from agl_adapter.trajectories import (
     TRACE_MERGE_MISMATCHES,
     TRAIN_TRAJECTORIES,
+    TRAJECTORY_INDEX_COLUMNS,
     VALIDATION_TRAJECTORIES,
     ArtifactSink,
     MismatchClass,
@@ -64,6 +65,7 @@ __all__ = (
     "TRAIN_TRAJECTORIES",
     "VALIDATION_TRAJECTORIES",
     "TRACE_MERGE_MISMATCHES",
+    "TRAJECTORY_INDEX_COLUMNS",
     # list helpers
     "ids_startswith",
     "get_left_padded_ids_and_attention_mask",

@@ -3,8 +3,10 @@
 A row's images are those of the last model call it holds: that call's messages carry every image
 of the row's context, in order. The HF processor (verl's ``hf_processor``) turns them into the
 vision tensors the model's forward takes (``pixel_values``, ``image_grid_thw``, ...); for mrope
-models (Qwen2/2.5/3-VL: the processor has verl's bound ``get_rope_index``) every row gets (4, L)
-position ids, a text row over three vision rows, which is how verl's engine recognises mrope.
+models every row gets (4, L) position ids, a text row over three vision rows, which is how verl's
+engine recognises mrope. A processor is an mrope model's when verl's ``hf_processor`` bound it the
+model's ``get_rope_index``, or, unbound, when its class (or its image processor's) is Qwen2/2.5/3-VL
+or Qwen3.5's by name, as Agent Lightning 1.0.2 and verl recognise them.
 
 The row's image placeholder tokens are counted against what its images expand to, so images are
 never trained under the wrong tokens: a row where they disagree is dropped (``is_drop``) with a
@@ -17,6 +19,7 @@ import base64
 import binascii
 import inspect
 import io
+import itertools
 import logging
 import urllib.parse
 import urllib.request
@@ -114,8 +117,97 @@ def _text_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return positions
 
 
+_QWEN_VL_CLASS_TAGS = ("Qwen2VL", "Qwen2_5_VL", "Qwen3VL", "Qwen3_5")
+VISION_START = "<|vision_start|>"
+
+
+def is_qwen_vl_processor(processor: Any) -> bool:
+    """Whether the processor (or its image processor) is a Qwen2/2.5/3-VL or Qwen3.5 one, by class
+    name, as Agent Lightning 1.0.2 and verl's own helpers recognise an mrope model unbound."""
+    names = [type(processor).__name__, type(getattr(processor, "image_processor", None)).__name__]
+    return any(tag in name for name in names for tag in _QWEN_VL_CLASS_TAGS)
+
+
+def qwen_vl_image_positions(
+    tokens: torch.Tensor, image_grid_thw: torch.Tensor, image_token: int, vision_start: int, merge_size: int
+) -> torch.Tensor:
+    """(3, T) Qwen-VL mrope positions (t, h, w) of a row's T unpadded tokens with images.
+
+    An image is its placeholder run after a ``vision_start`` token, one (t, h/merge, w/merge) grid
+    row of ``image_grid_thw`` (images, 3) each; its tokens sit at the next free position plus their
+    grid index, and text resumes one past the image's largest position (Qwen2-VL, arXiv:2409.12191).
+    """
+    ids = tokens.tolist()
+    n_images = sum(1 for a, b in itertools.pairwise(ids) if a == vision_start and b == image_token)
+    pieces: list[torch.Tensor] = []
+    cursor, position = 0, 0
+    for t, h, w in image_grid_thw[:n_images].tolist():
+        first = ids.index(image_token, cursor)
+        pieces.append(torch.arange(position, position + first - cursor).expand(3, -1))
+        position += first - cursor
+        grid = torch.meshgrid(
+            torch.arange(t), torch.arange(h // merge_size), torch.arange(w // merge_size), indexing="ij"
+        )
+        pieces.append(torch.stack(grid).flatten(1) + position)
+        position = int(pieces[-1].max()) + 1
+        cursor = first + pieces[-1].shape[1]
+    pieces.append(torch.arange(position, position + max(len(ids) - cursor, 0)).expand(3, -1))
+    return torch.cat(pieces, dim=1)
+
+
+def _vision_start_token(processor: Any) -> int | None:
+    """Qwen3-VL processors name their ``vision_start`` token; Qwen2/2.5-VL ones leave it to the tokenizer."""
+    token_id = processor_token_id(processor, "vision_start")
+    tokenizer = getattr(processor, "tokenizer", None)
+    if token_id is not None or tokenizer is None:
+        return token_id
+    converted = tokenizer.convert_tokens_to_ids(VISION_START)
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    return converted if isinstance(converted, int) and converted != unknown else None
+
+
 @dataclass(frozen=True)
-class MropeIndex:
+class QwenVLRopeIndex:
+    """Qwen-VL vision positions for a processor verl's ``hf_processor`` did not bind ``get_rope_index``
+    to (e.g. ``AutoProcessor.from_pretrained`` directly): the processor gives the tokens and merge size."""
+
+    image_token: int
+    vision_start: int
+    merge_size: int
+
+    @classmethod
+    def of(cls, processor: Any, image_token: int | None) -> QwenVLRopeIndex:
+        """Raises InvalidImagesError naming the processor class when it lacks what positions need."""
+        vision_start = _vision_start_token(processor)
+        merge_size = getattr(getattr(processor, "image_processor", None), "merge_size", None)
+        if image_token is None or vision_start is None or merge_size is None:
+            needed = (
+                ("the image token id", image_token),
+                (f"the {VISION_START} token id", vision_start),
+                ("image_processor.merge_size", merge_size),
+            )
+            missing = " and ".join(name for name, value in needed if value is None)
+            raise InvalidImagesError(
+                f"the processor {type(processor).__name__} is a Qwen-VL one without a bound get_rope_index, "
+                f"and mrope positions need {missing}: load it with verl's hf_processor "
+                "(verl.utils.tokenizer.hf_processor), which binds the model's get_rope_index"
+            )
+        return cls(image_token, vision_start, int(merge_size))
+
+    def vision_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor
+    ) -> torch.Tensor:
+        """(3, L) for one padded row: the image positions on its tokens, 1 on padding."""
+        valid = attention_mask.bool()
+        rows = torch.ones(3, len(input_ids), dtype=torch.long)
+        rows[:, valid] = qwen_vl_image_positions(
+            input_ids[valid], image_grid_thw, self.image_token, self.vision_start, self.merge_size
+        )
+        return rows
+
+
+@dataclass(frozen=True)
+class BoundRopeIndex:
     """A model's ``get_rope_index``, bound to its processor by verl's ``hf_processor``."""
 
     rope_index: Callable[..., Any]
@@ -123,22 +215,10 @@ class MropeIndex:
     takes_type_ids: bool
     """transformers >= 5.3 finds the images by ``mm_token_type_ids`` rather than by token id."""
 
-    @classmethod
-    def of(cls, processor: Any, image_token: int | None) -> MropeIndex | None:
-        rope_index = getattr(processor, "get_rope_index", None)
-        if rope_index is None:
-            return None
-        takes_type_ids = "mm_token_type_ids" in inspect.signature(rope_index).parameters
-        return cls(rope_index, image_token, takes_type_ids)
-
-    def positions(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+    def vision_rows(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor
     ) -> torch.Tensor:
-        """(4, L): the text row over the model's three vision rows; a row without images (None) is
-        text on all four, as get_rope_index gives a text-only row."""
-        text = _text_positions(attention_mask)
-        if image_grid_thw is None:
-            return text.expand(4, -1).clone()
+        """(3, L) for one padded row, as the bound method gives it."""
         kwargs: dict[str, Any] = {
             "input_ids": input_ids[None],
             "attention_mask": attention_mask[None],
@@ -152,7 +232,36 @@ class MropeIndex:
             kwargs["mm_token_type_ids"] = (is_image.long() * _IMAGE_TYPE)[None]
         result = self.rope_index(**kwargs)
         vision = result[0] if isinstance(result, tuple) else result  # (3, 1, L)
-        return torch.cat([text[None], vision[:, 0, :].to(torch.long)])
+        return vision[:, 0, :].to(torch.long)
+
+
+@dataclass(frozen=True)
+class MropeIndex:
+    """How a batch's mrope positions are built: the processor's bound ``get_rope_index`` (verl's
+    ``hf_processor``) or, for a Qwen-VL processor without one, :class:`QwenVLRopeIndex`."""
+
+    vision: BoundRopeIndex | QwenVLRopeIndex
+
+    @classmethod
+    def of(cls, processor: Any, image_token: int | None) -> MropeIndex | None:
+        """None for a processor of a model without mrope (its rows keep (N, L) positions)."""
+        rope_index = getattr(processor, "get_rope_index", None)
+        if rope_index is not None:
+            takes_type_ids = "mm_token_type_ids" in inspect.signature(rope_index).parameters
+            return cls(BoundRopeIndex(rope_index, image_token, takes_type_ids))
+        if is_qwen_vl_processor(processor):
+            return cls(QwenVLRopeIndex.of(processor, image_token))
+        return None
+
+    def positions(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, image_grid_thw: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(4, L): the text row over the model's three vision rows; a row without images (None) is
+        text on all four, as get_rope_index gives a text-only row."""
+        text = _text_positions(attention_mask)
+        if image_grid_thw is None:
+            return text.expand(4, -1).clone()
+        return torch.cat([text[None], self.vision.vision_rows(input_ids, attention_mask, image_grid_thw)])
 
 
 @dataclass
@@ -246,10 +355,14 @@ class VisionEncoder:
 
 __all__ = (
     "MAX_REMOTE_IMAGE_BYTES",
+    "BoundRopeIndex",
     "MropeIndex",
+    "QwenVLRopeIndex",
     "UnusableImagesError",
     "VisionBatch",
     "VisionEncoder",
     "load_image",
+    "is_qwen_vl_processor",
     "processor_token_id",
+    "qwen_vl_image_positions",
 )

@@ -4,7 +4,10 @@ One compact record per rollout (its last model call's ids and decoded text, its 
 and whether its turns broke the trajectory merge), and the step's trace-merge mismatch entries,
 each kind written as a zipped JSON-lines file ``step_<N>/<kind>.jsonl.zip`` under a folder and,
 while a wandb run is active, logged as a wandb artifact of type ``<kind>`` named as Agent
-Lightning 1.0.2 names its trajectory artifacts (``train-trajectories-<run id>-step-<N>``).
+Lightning 1.0.2 names its trajectory artifacts (``train-trajectories-<run id>-step-<N>``). As in
+1.0.2, each step's trajectory artifact is also indexed by a one-row wandb table
+(``training/rollout_trajectories``, ``val/rollout_trajectories``), so the wandb UI finds the zip
+from the step.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ VALIDATION_TRAJECTORIES = "validation_trajectories"
 TRACE_MERGE_MISMATCHES = "trace_merge_mismatches"
 
 MismatchClass = Literal["none", "others"]
+
+TRAJECTORY_INDEX_COLUMNS = ("global_steps", "trajectory_artifact", "trajectory_artifact_path", "row_count")
+_TRAJECTORY_INDEX_KEYS = {
+    TRAIN_TRAJECTORIES: "training/rollout_trajectories",
+    VALIDATION_TRAJECTORIES: "val/rollout_trajectories",
+}
 
 
 class TrajectoryRecord(TypedDict):
@@ -115,7 +124,9 @@ class ArtifactSink(Protocol):
 
 class ZippedJsonlArtifacts:
     """Writes ``<folder>/step_<N>/<kind>.jsonl.zip``; while a wandb run is active, also logs that
-    file as the artifact ``<kind with dashes>-<run id>-step-<N>`` of type ``<kind>``.
+    file as the artifact ``<kind with dashes>-<run id>-step-<N>`` of type ``<kind>``, and for the
+    trajectory kinds a table with ``TRAJECTORY_INDEX_COLUMNS`` at step N: the artifact's name, its
+    path inside the artifact and its record count.
 
     A failed upload is logged and the run goes on; the local file is already written.
     """
@@ -144,10 +155,16 @@ def _log_wandb_artifact(path: Path, kind: str, n_records: int, global_steps: int
 
     run: Any = wandb.run
     name = f"{kind.replace('_', '-')}-{_safe_name(run.id)}-step-{global_steps}"
+    path_in_artifact = f"step_{global_steps}/{path.name}"
     metadata = {"global_steps": global_steps, "row_count": n_records, "format": "jsonl.zip"}
     artifact = wandb.Artifact(name=name, type=kind, metadata=metadata)
-    artifact.add_file(str(path), name=f"step_{global_steps}/{path.name}")
+    artifact.add_file(str(path), name=path_in_artifact)
     run.log_artifact(artifact)
+    index_key = _TRAJECTORY_INDEX_KEYS.get(kind)
+    if index_key is not None:
+        table = wandb.Table(columns=list(TRAJECTORY_INDEX_COLUMNS))
+        table.add_data(global_steps, name, path_in_artifact, n_records)
+        wandb.log({index_key: table}, step=global_steps)
 
 
 def _safe_name(value: object) -> str:
@@ -159,6 +176,7 @@ def _safe_name(value: object) -> str:
 __all__ = (
     "TRACE_MERGE_MISMATCHES",
     "TRAIN_TRAJECTORIES",
+    "TRAJECTORY_INDEX_COLUMNS",
     "VALIDATION_TRAJECTORIES",
     "ArtifactSink",
     "MismatchClass",
