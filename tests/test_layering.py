@@ -224,3 +224,82 @@ def test_trainer_worker_modules_import_one_way() -> None:
             if imp.module in TRAINER_WORKER_MODULES[:position]:
                 backwards.append(str(imp))
     assert backwards == []
+
+
+def _module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every module of the five packages and the modules of ours it names in an import statement
+    (under ``if TYPE_CHECKING`` or in a function body too: a circle there is a circle in the design)."""
+    paths = {
+        _module_name(path, src): (path, src)
+        for src in sorted((root / "packages").glob("*/src"))
+        for path in sorted(src.rglob("*.py"))
+    }
+    graph: dict[str, set[str]] = {}
+    for module, (path, src) in paths.items():
+        named = {imp.module for imp in _imports_of(path, src, str(path.relative_to(root)))}
+        graph[module] = {other for other in named if other in paths and other != module}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component: list[str] = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert _circles(_module_graph()) == []
+
+
+def test_circle_finder_names_the_modules_of_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "packages" / "agl-types" / "src" / "agl_types"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from agl_types.b import B\nA = 1\n")
+    (package / "b.py").write_text("def f():\n    from agl_types import a\nB = 2\n")
+    (package / "c.py").write_text("from agl_types.a import A\n")
+    assert _circles(_module_graph(tmp_path)) == [["agl_types.a", "agl_types.b"]]
+
+
+CONFIG_READERS = ("agl_trainer.settings", "agl_trainer.assembly", "agl_trainer.local.demo")
+"""The modules of agl-trainer that may read the Hydra config (omegaconf): the settings it is mapped
+onto once, the assembly, and the embedded default's assembly. verl's glue hands verl its own
+config and names its type only under ``if TYPE_CHECKING``."""
+
+
+def test_only_the_settings_and_the_assembly_import_omegaconf() -> None:
+    src = ROOT / "packages" / "agl-trainer" / "src"
+    readers: list[str] = []
+    for path in sorted((src / "agl_trainer").rglob("*.py")):
+        module = _module_name(path, src)
+        if any(module == allowed or module.startswith(f"{allowed}.") for allowed in CONFIG_READERS):
+            continue
+        imports = _imports_of(path, src, str(path.relative_to(ROOT)))
+        readers += [str(imp) for imp in imports if imp.root == "omegaconf" and imp.import_time]
+    assert readers == []

@@ -21,6 +21,7 @@ file logger, as a user of ``trainer.logger=[file]`` reads them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ from agl_testing.http import call
 from agl_trainer import run_ppo
 from agl_trainer.assembly import compose_config
 from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.trainer import TooManyEmptySteps
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
@@ -208,3 +210,35 @@ def test_zero_advantage_groups_are_counted_in_the_step_metrics(run: Run) -> None
 def test_validation_metrics_aggregate_every_validation_batch(run: Run) -> None:
     assert run.step["val/n_rollouts"] == 2  # two batches of one
     assert run.step["val/reward"] == pytest.approx(0.5)  # (0.25 + 0.75) / 2
+
+
+def test_a_run_whose_rollouts_all_fail_warns_each_step_and_stops_after_max_empty_steps(
+    tmp_path: Path, ray_cluster: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_agl_server()
+    model_path = build_tiny_model(tmp_path / "model", seed=0)
+    server = AglServerProcess()
+    server.start()
+    upstream = HeldCompletions().start()
+    overrides = [
+        *_overrides(model_path, server, upstream, tmp_path),
+        "trainer.total_training_steps=5",
+        "trainer.test_freq=0",
+        "agentlightning.max_empty_steps=2",
+    ]
+    try:
+        with (
+            FakeAgents(server.url, behaviour=AgentBehaviour(outcome="failed", reward=None)),
+            caplog.at_level(logging.WARNING, logger="agl_trainer"),
+            pytest.raises(TooManyEmptySteps) as stopped,
+        ):
+            run_ppo(compose_config(overrides), TRAIN_ROWS, VAL_ROWS, weight_pusher=RecordingPusher(server))
+    finally:
+        upstream.stop()
+        server.stop()
+    assert str(stopped.value).startswith("2 steps in a row trained nothing (the last, step 2")
+    warnings = [r.getMessage() for r in caplog.records if "rollouts failed" in r.getMessage()]
+    assert [w.split(";")[0] for w in warnings] == [
+        "step 1: all 8 rollouts failed",
+        "step 2: all 8 rollouts failed",
+    ]

@@ -16,16 +16,13 @@ import io
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
 from agl_adapter.errors import InvalidRoutesError
-
-if TYPE_CHECKING:
-    from agl_adapter._rows import TrainingRow
 
 logger = logging.getLogger("agl_adapter")
 
@@ -44,7 +41,18 @@ class RowRoutes:
     response_length: int
 
 
-def _call(row: TrainingRow) -> str:
+class RoutedRow(Protocol):
+    """What placing routes reads of a training row (:class:`agl_adapter._rows.TrainingRow`)."""
+
+    @property
+    def rollout_id(self) -> str: ...
+    @property
+    def routes(self) -> RowRoutes | None: ...
+    @property
+    def routes_turn(self) -> int: ...
+
+
+def _call(row: RoutedRow) -> str:
     """The model call a row's routes come from, for error messages."""
     return f"rollout {row.rollout_id!r} turn {row.routes_turn}"
 
@@ -88,7 +96,7 @@ def place_routes(out: RouteArray, routes: RowRoutes, array: RouteArray, max_prom
 
 
 def routed_experts_tensor(
-    rows: Sequence[TrainingRow], *, max_prompt_length: int, max_response_length: int, required: bool
+    rows: Sequence[RoutedRow], *, max_prompt_length: int, max_response_length: int, required: bool
 ) -> torch.Tensor | None:
     """The (N, P + R, layers, top_k) uint8 tensor, or None when no row has routes or some lack them
     and they are not ``required`` (a warning says so); a required row without routes raises."""
@@ -132,4 +140,4 @@ def routed_experts_tensor(
     return torch.from_numpy(out)
 
 
-__all__ = ("RowRoutes", "decode_routes", "place_routes", "routed_experts_tensor")
+__all__ = ("RoutedRow", "RowRoutes", "decode_routes", "place_routes", "routed_experts_tensor")
