@@ -182,8 +182,9 @@ class AglRayPPOTrainer(RayPPOTrainer):
                 total=self.total_training_steps, initial=self.global_steps, desc="Training Progress"
             )
             empty_steps = 0
-            for step in range(self.global_steps + 1, self.total_training_steps + 1):
-                self.global_steps, is_last = step, step == self.total_training_steps
+            self.global_steps += 1
+            while self.global_steps <= self.total_training_steps:
+                step, is_last = self.global_steps, self.global_steps == self.total_training_steps
                 timing: dict[str, float] = {}
                 with marked_timer("step", timing):
                     metrics = self.train_step(timing)
@@ -203,6 +204,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
                         f"{empty_steps} steps in a row trained nothing (the last, step {step}: see the warnings "
                         f"above); stopping ({MAX_EMPTY_STEPS_KEY}={loop.max_empty_steps}, null never stops)"
                     )
+                self.global_steps += 1
             progress.close()
         except BaseException:
             tracker.finish(exit_code=1)
