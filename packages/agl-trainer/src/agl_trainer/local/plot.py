@@ -61,6 +61,8 @@ def read_panels(jsonl: Path, *, fully_async: bool) -> list[Panel]:
 
 
 def _draw(axis: Any, panel: Panel) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     bottoms: dict[int, float] = {}
     for label, points in panel.curves:
         steps, values = [s for s, _ in points], [v for _, v in points]
@@ -71,6 +73,7 @@ def _draw(axis: Any, panel: Panel) -> None:
         else:
             axis.plot(steps, values, marker="o", label=label)
     axis.set_xlabel("step")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_title(panel.title)
     axis.grid(alpha=0.3)
     if panel.curves:
