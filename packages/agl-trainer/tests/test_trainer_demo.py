@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from agl_trainer.assembly import compose_config
-from agl_trainer.local.demo import _stopped_note, run_embedded_default, start_message, with_file_logger
+from agl_trainer.local.demo import (
+    DEMO_OVERRIDES,
+    _stopped_note,
+    run_embedded_default,
+    start_message,
+    with_file_logger,
+)
 
 pytestmark = pytest.mark.verl
 
@@ -41,3 +47,7 @@ def test_closing_line_names_rollouts_left_unfinished_by_an_async_run() -> None:
     assert (
         _stopped_note(4) == ", 4 left unfinished at the end (carried over past the last step, never trained)"
     )
+
+
+def test_embedded_default_leaves_verl_console_logger_out() -> None:
+    assert list(compose_config(list(DEMO_OVERRIDES)).trainer.logger) == ["file"]
