@@ -45,6 +45,7 @@ from agl_trainer.local import (
     toy_env_map,
     vllm_cpu_spec,
 )
+from agl_trainer.local.console import compact_console
 from agl_trainer.local.plot import plot_metrics
 from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.settings import parse_settings
@@ -75,7 +76,9 @@ _TASK_OVERRIDES: tuple[str, ...] = (
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
-    "trainer.logger=[console,file]",
+    # No "console": verl's prints every metric of a step on one line; local.console prints a compact
+    # line per step from the file logger's metrics.jsonl instead (trainer.logger=[console] brings it back).
+    "trainer.logger=[file]",
     "trainer.balance_batch=false",
     "agentlightning.poll_interval_seconds=0.1",
     # The embedded agl-server serves this run alone: sweep at a fixed interval for the shortest step.
@@ -240,8 +243,12 @@ def run_embedded_default(
                 **toy_env_map(model, tool_latency),
                 **config.agentlightning.local.env_map,
             }
-        run_ppo(with_file_logger(config), toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
-    png = plot_metrics(metrics, run_dir / "reward_and_loss.png")
+        config = with_file_logger(config)
+        stack.enter_context(compact_console(config, metrics))
+        run_ppo(config, toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
+    png = plot_metrics(
+        metrics, run_dir / "progress.png", fully_async=bool(config.agentlightning.fully_async.enabled)
+    )
     summary = _local_agents_line(local) if local is not None else controller_line
     trajectories = config.agentlightning.trajectories.dir
     saved = f"; trajectories per step: {trajectories}" if trajectories else ""
