@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from agl_trainer.local.console import MetricsFollower, compact_console, step_line
 
 # From a real sync run's metrics.jsonl (step 2 of 3, validated), less the metrics the line ignores.
@@ -29,15 +27,6 @@ SYNC_STEP: dict[str, Any] = {
 
 def _record(step: int, data: dict[str, Any]) -> bytes:
     return (json.dumps({"step": step, "data": data}) + "\n").encode()
-
-
-def _config(logger: list[str], *, fully_async: bool = False) -> Any:
-    return OmegaConf.create(
-        {
-            "trainer": {"logger": logger, "total_training_steps": 25},
-            "agentlightning": {"fully_async": {"enabled": fully_async}},
-        }
-    )
 
 
 def test_step_line_has_reward_validation_time_split_and_failed_rollouts() -> None:
@@ -85,7 +74,7 @@ def test_follower_hands_on_each_complete_record_once_and_waits_for_a_partly_writ
 def test_compact_console_writes_one_line_per_logged_step(tmp_path: Path) -> None:
     jsonl = tmp_path / "metrics.jsonl"
     lines: list[str] = []
-    with compact_console(_config(["file"]), jsonl, write=lines.append):
+    with compact_console(jsonl, loggers=["file"], total_steps=25, fully_async=False, write=lines.append):
         jsonl.write_bytes(_record(1, {"training/reward": 0.25}) + _record(2, {"training/reward": 0.5}))
     assert lines == ["step  1/25  reward 0.250", "step  2/25  reward 0.500"]
 
@@ -93,6 +82,8 @@ def test_compact_console_writes_one_line_per_logged_step(tmp_path: Path) -> None
 def test_compact_console_stays_quiet_when_verl_console_logger_is_chosen(tmp_path: Path) -> None:
     jsonl = tmp_path / "metrics.jsonl"
     lines: list[str] = []
-    with compact_console(_config(["console", "file"]), jsonl, write=lines.append):
+    with compact_console(
+        jsonl, loggers=["console", "file"], total_steps=25, fully_async=False, write=lines.append
+    ):
         jsonl.write_bytes(_record(1, {"training/reward": 0.25}))
     assert lines == []

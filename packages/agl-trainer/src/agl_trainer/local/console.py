@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig
 
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:
@@ -139,14 +137,17 @@ def _print_above_progress_bar(line: str) -> None:
 
 
 def compact_console(
-    config: DictConfig, jsonl: Path, *, write: Callable[[str], None] = _print_above_progress_bar
+    jsonl: Path,
+    *,
+    loggers: Sequence[str],
+    total_steps: int,
+    fully_async: bool,
+    write: Callable[[str], None] = _print_above_progress_bar,
 ) -> AbstractContextManager[object]:
-    """While the block runs, write one :func:`step_line` per record of ``jsonl``, unless the run's
-    ``trainer.logger`` has verl's ``console`` (which prints every metric itself)."""
-    if "console" in [str(name) for name in config.trainer.logger]:
+    """While the block runs, write one :func:`step_line` per record of ``jsonl``, unless ``loggers``
+    (``trainer.logger``) has verl's ``console``, which prints every metric itself."""
+    if "console" in loggers:
         return nullcontext()
-    total_steps = int(config.trainer.total_training_steps)
-    fully_async = bool(config.agentlightning.fully_async.enabled)
 
     def on_record(step: int, data: Mapping[str, Any]) -> None:
         write(step_line(step, data, total_steps=total_steps, fully_async=fully_async))

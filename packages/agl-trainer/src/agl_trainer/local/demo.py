@@ -244,7 +244,14 @@ def run_embedded_default(
                 **config.agentlightning.local.env_map,
             }
         config = with_file_logger(config)
-        stack.enter_context(compact_console(config, metrics))
+        stack.enter_context(
+            compact_console(
+                metrics,
+                loggers=[str(name) for name in config.trainer.logger],
+                total_steps=int(config.trainer.total_training_steps),
+                fully_async=bool(config.agentlightning.fully_async.enabled),
+            )
+        )
         run_ppo(config, toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
     png = plot_metrics(
         metrics, run_dir / "progress.png", fully_async=bool(config.agentlightning.fully_async.enabled)
