@@ -160,6 +160,9 @@ class FakeAgentError(AssertionError):
 class AgentStats:
     claimed: list[str] = field(default_factory=list[str])
     finished: list[str] = field(default_factory=list[str])
+    deleted: list[str] = field(default_factory=list[str])
+    """Rollouts deleted on the server while their agent worked (the trainer cancels what is in
+    flight at the end of a run): a real agent then gets 404s too, and it is no agent error."""
     errors: list[str] = field(default_factory=list[str])
 
 
@@ -272,6 +275,13 @@ class FakeAgents:
             self._http.patch(f"/api/rollouts/{rid}", json={"status": patch}).raise_for_status()
             with self._lock:
                 self.stats.finished.append(rid)
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code == 404:
+                with self._lock:
+                    self.stats.deleted.append(rid)
+                return
+            self._record_error(rid)
+            self._fail_on_server(rid, "the fake agent raised")
         except Exception:
             self._record_error(rid)
             self._fail_on_server(rid, "the fake agent raised")

@@ -23,7 +23,11 @@ from agl_trainer.settings import parse_settings, replica_config
 pytestmark = pytest.mark.verl
 
 _ROOT = Path(__file__).resolve().parents[3]
-READMES = (_ROOT / "README.md", _ROOT / "packages" / "agl-trainer" / "README.md")
+READMES = (
+    _ROOT / "README.md",
+    _ROOT / "packages" / "agl-trainer" / "README.md",
+    *sorted((_ROOT / "docs").glob("*.md")),
+)
 _BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.DOTALL)
 
 
