@@ -48,7 +48,7 @@ from agl_trainer.local import (
 from agl_trainer.local.console import compact_console
 from agl_trainer.local.plot import plot_metrics
 from agl_trainer.local.tiny_model import build_tiny_model
-from agl_trainer.settings import parse_settings
+from agl_trainer.settings.pipeline import parse_pipeline
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 DEMO_STEPS = 25
@@ -161,7 +161,8 @@ def with_file_logger(config: DictConfig) -> DictConfig:
 
 def agent_slots(config: DictConfig) -> int:
     """How many local agents run at once: every rollout the configured mode keeps in flight."""
-    pipeline = parse_settings(config).pipeline
+    # The servers' endpoints are not known yet: only the pipeline's keys are read here.
+    pipeline = parse_pipeline(config, drain_timeout_s=0.0, reward_fillna_value=0.0)
     return pipeline.manager.train_rollout_n * pipeline.admission.max_groups
 
 

@@ -69,6 +69,12 @@ def parse_settings(config: DictConfig) -> Settings:
     pipeline = parse_pipeline(
         config, drain_timeout_s=server.drain.timeout_s, reward_fillna_value=adapter.reward_fillna_value
     )
+    if pipeline.mode == "fully_async" and server.uses_verl_replicas:
+        raise ValueError(
+            "agentlightning.fully_async.enabled=true needs inference servers that keep serving during the "
+            "update, but agentlightning.external_servers.endpoints is empty (verl's replicas sleep while the "
+            "actor trains on the same GPUs); give external servers or use agentlightning.async_rollout"
+        )
     check_verl_keys(
         config,
         uses_verl_replicas=server.uses_verl_replicas,

@@ -122,12 +122,6 @@ def _mode(config: DictConfig) -> Mode:
             "agentlightning.fully_async.enabled=true and agentlightning.async_rollout.enabled=true are two "
             "different async modes; keep one (fully_async overlaps collection with the update)"
         )
-    if fully_async and not select(config, "agentlightning.external_servers.endpoints", []):
-        raise ValueError(
-            "agentlightning.fully_async.enabled=true needs inference servers that keep serving during the "
-            "update, but agentlightning.external_servers.endpoints is empty (verl's replicas sleep while the "
-            "actor trains on the same GPUs); give external servers or use agentlightning.async_rollout"
-        )
     return "fully_async" if fully_async else "carry_over" if carry_over else "sync"
 
 
