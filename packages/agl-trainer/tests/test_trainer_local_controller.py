@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from agl_rollout import AglClient, RolloutManagerConfig, SyncRolloutManager
+from agl_testing.key_scan import KeyScan
 from agl_testing.requirements import missing_requirement
 from agl_trainer.local import (
     AGENT_CLASSES,
@@ -207,39 +208,6 @@ def test_no_process_agl_starts_has_the_server_key_on_its_command_line(tmp_path: 
         "agentlightning.controller",
         "_run_local_reconciler_worker",
     }
-
-
-class KeyScan:
-    """Reads every process's ``/proc/<pid>/cmdline``; notes those that hold ``key`` in their argv, and
-    which kinds of agl process hold it in their environment (proof the scan saw them running)."""
-
-    KINDS = ("agentlightning.server", "agentlightning.controller", "_run_local_reconciler_worker")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.with_key_in_argv: list[str] = []
-        self.holders: set[str] = set()
-
-    def once(self) -> None:
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                argv = (proc / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
-                environ = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                continue  # gone, or not ours
-            if self.key in argv:
-                self.with_key_in_argv.append(argv)
-            if f"AGL_KEY={self.key}" in environ:
-                self.holders.update(kind for kind in self.KINDS if kind in argv)
-
-    def until_every_kind_seen(self, timeout: float = 60.0) -> None:
-        """Scan every 0.1 s until each of :attr:`KINDS` was seen holding the key, or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.holders >= set(self.KINDS):
-            self.once()
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
