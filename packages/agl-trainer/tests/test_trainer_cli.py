@@ -7,10 +7,11 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, main, parse_args
+from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, interrupted_line, main, parse_args
 from agl_trainer.local import ToolLatency
 
 
@@ -181,3 +182,82 @@ def test_ray_started_under_uv_run_keeps_its_workers_in_this_venv_unless_asked(
     probe = "import agl_trainer.cli, ray._private.ray_constants as c; print(c.RAY_ENABLE_UV_RUN_RUNTIME_ENV)"
     out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == str(uv_run_workers)
+
+
+def test_controller_restarts_maps_onto_the_embedded_default_and_is_refused_in_production() -> None:
+    assert parse_args(["controller_restarts=5"]).controller_restarts == 5
+    assert parse_args(["--controller-restarts", "0"]).controller_restarts == 0
+    with pytest.raises(SystemExit, match="drop controller_restarts="):
+        main(["controller_restarts=1", "agentlightning.agl_base_url=http://gateway:8080"])
+
+
+def _agl_trainer(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).with_name("agl-trainer")), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.verl
+def test_a_configuration_error_is_one_line_naming_the_key_and_exit_code_2_before_anything_starts() -> None:
+    done = _agl_trainer("actor_rollout_ref.actor.policy_loss.loss_mode=nope")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith(
+        "agl-trainer: actor_rollout_ref.actor.policy_loss.loss_mode='nope' is not registered in verl; registered: ["
+    )
+    assert "embedded default" not in done.stdout, "nothing started"
+
+
+@pytest.mark.verl
+def test_an_unknown_key_is_one_line_with_hydras_fix_and_exit_code_2() -> None:
+    done = _agl_trainer("trainer.no_such_key=1")
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        "agl-trainer: Could not override 'trainer.no_such_key'. To append to your config use +trainer.no_such_key=1",
+    )
+
+
+@pytest.mark.verl
+def test_a_production_run_with_a_missing_data_file_is_one_line_and_exit_code_2(tmp_path: Path) -> None:
+    done = _agl_trainer(
+        "actor_rollout_ref.model.path=/models/q",
+        "agentlightning.agl_base_url=http://127.0.0.1:1",
+        f"data.train_files={tmp_path / 'train.jsonl'}",
+        f"data.val_files={tmp_path / 'val.jsonl'}",
+    )
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        f"agl-trainer: data.train_files: {tmp_path / 'train.jsonl'} does not exist",
+    )
+
+
+@pytest.mark.verl
+def test_the_production_key_can_come_from_the_environment_instead_of_the_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agl_trainer.assembly import compose_config
+    from agl_trainer.settings import parse_settings
+
+    monkeypatch.setenv("AGL_KEY", "s3cret")
+    config = compose_config(["agentlightning.agl_key=${oc.env:AGL_KEY}"])
+    assert parse_settings(config).server.key == "s3cret"
+
+
+def test_ctrl_c_after_the_trainer_stopped_names_the_step_even_when_teardown_raised_another_interrupt() -> (
+    None
+):
+    from agl_trainer.assembly import TrainingInterrupted
+
+    try:
+        try:
+            raise TrainingInterrupted(3, None)
+        except TrainingInterrupted:
+            raise KeyboardInterrupt from None  # e.g. the stack's teardown, interrupted
+    except KeyboardInterrupt as interrupt:
+        assert interrupted_line(interrupt) == "agl-trainer: interrupted at step 3; no checkpoint saved"
+
+
+def test_ctrl_c_before_the_trainer_ran_says_nothing_was_saved() -> None:
+    assert (
+        interrupted_line(KeyboardInterrupt())
+        == "agl-trainer: interrupted before training started; nothing was saved"
+    )

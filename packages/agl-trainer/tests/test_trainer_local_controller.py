@@ -20,16 +20,21 @@ from typing import Any
 import pytest
 
 from agl_rollout import AglClient, RolloutManagerConfig, SyncRolloutManager
+from agl_testing.key_scan import KeyScan
 from agl_testing.requirements import missing_requirement
 from agl_trainer.local import (
     AGENT_CLASSES,
+    AgentImportError,
     AglController,
     AglServer,
     DigitsAgent,
     ToolLatency,
     agent_import_path,
+    agents_python_path,
     agl_controller_argv,
     agl_server_spec,
+    check_agent_class,
+    controller_env,
     existing_tool_env,
     start_agl_server,
     start_controller,
@@ -62,7 +67,6 @@ def test_controller_argv_runs_local_mode_against_the_server_with_hydra_outputs_o
     argv = agl_controller_argv(
         Path("/env/bin/python"),
         server_url="http://127.0.0.1:9",
-        key="k3y",
         maximum_size=16,
         poll_interval=0.2,
         workdir=Path("/run"),
@@ -73,7 +77,7 @@ def test_controller_argv_runs_local_mode_against_the_server_with_hydra_outputs_o
         "agentlightning.controller",
         "runner_type=local",
         "agl_server.url=http://127.0.0.1:9",
-        "agl_server.key=k3y",
+        "agl_server.key=${oc.env:AGL_KEY}",
         "local_runner.maximum_size=16",
         "local_runner.poll_interval=0.2",
         "hydra.run.dir=/run",
@@ -90,7 +94,6 @@ def test_controller_argv_names_a_bad_pool_size_or_tick(size: int, interval: floa
         agl_controller_argv(
             Path("python"),
             server_url="u",
-            key="k",
             maximum_size=size,
             poll_interval=interval,
             workdir=Path("."),
@@ -132,6 +135,79 @@ def test_toy_agent_classes_import_in_the_agl_server_environment_through_the_link
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(tmp_path / "agent-path" / "agl_trainer" / "__init__.py")
+
+
+def test_agents_python_path_is_the_given_folders_then_the_users_pythonpath_then_the_start_folder() -> None:
+    base = {"PYTHONPATH": os.pathsep.join(["/abs/agents", "rel/agents", "", "/given"])}
+    assert agents_python_path([Path("/given")], base, Path("/home/u/project")) == [
+        "/given",
+        "/abs/agents",
+        "/home/u/project/rel/agents",
+        "/home/u/project",
+    ]
+
+
+def test_controller_env_carries_the_key_and_the_agents_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/")
+    env = controller_env("s3cret", [Path("/toy")], base={"PYTHONPATH": "/mine", "VIRTUAL_ENV": "/v"})
+    assert env == {"PYTHONPATH": os.pathsep.join(["/toy", "/mine", "/"]), "AGL_KEY": "s3cret"}
+
+
+@pytest.mark.server
+def test_an_agent_class_the_controller_cannot_import_is_one_line_naming_the_module_and_the_paths_searched(
+    tmp_path: Path,
+) -> None:
+    env = controller_env("", [tmp_path / "agents"], base={"PATH": os.environ["PATH"]}, cwd=tmp_path)
+    with pytest.raises(AgentImportError) as raised:
+        check_agent_class(server_python(), "my_agents:DigitAgent", env, tmp_path / "run")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"agentlightning.local.agent_class=my_agents:DigitAgent cannot be imported by agl-controller's Python "
+        f"({server_python()}): ModuleNotFoundError: No module named 'my_agents'; paths searched: "
+        f"{tmp_path / 'run'}{os.pathsep}{tmp_path / 'agents'}{os.pathsep}{tmp_path}{os.pathsep}"
+    )
+    assert message.endswith(
+        ". Fix: put the folder of its module on PYTHONPATH (or start agl-trainer in it); its imports must be "
+        "installed in that environment"
+    )
+
+
+@pytest.mark.server
+def test_an_agent_class_missing_from_its_module_is_named_with_the_error(tmp_path: Path) -> None:
+    env = controller_env("", [SCRIPTED_AGENTS], base={"PATH": os.environ["PATH"]}, cwd=tmp_path)
+    with pytest.raises(
+        AgentImportError, match=r"AttributeError: module 'agl_scripted_agents' has no attribute 'Nope'"
+    ):
+        check_agent_class(server_python(), "agl_scripted_agents.Nope", env, tmp_path)
+    check_agent_class(server_python(), SCRIPTED_AGENT_CLASS, env, tmp_path)
+
+
+@pytest.mark.server
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_no_process_agl_starts_has_the_server_key_on_its_command_line(tmp_path: Path) -> None:
+    config = scripted_config(rollout_timeout_seconds=60)
+    with (
+        start_agl_server(server_python(), tmp_path / "server") as server,
+        start_controller(
+            server_python(), server, tmp_path / "ctl", maximum_size=2, python_path=[SCRIPTED_AGENTS]
+        ),
+        AglClient(server.url, server.key) as client,
+    ):
+        scan = KeyScan(server.key)
+        scanner = threading.Thread(target=scan.until_every_kind_seen)
+        scanner.start()
+        SyncRolloutManager(client, config).enqueue_and_wait_until_completed(
+            [{"do": "hang", "seconds": 3}, {"do": "reward", "x": 1}], is_train=True
+        )
+        scanner.join()
+    assert scan.with_key_in_argv == []
+    assert scan.holders >= {
+        "agentlightning.server",
+        "agentlightning.controller",
+        "_run_local_reconciler_worker",
+    }
 
 
 @pytest.fixture(scope="module")

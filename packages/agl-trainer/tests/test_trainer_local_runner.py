@@ -8,6 +8,7 @@ The upstream is a small HTTP server that answers ``/v1/completions`` like vLLM d
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
@@ -304,3 +305,29 @@ def test_stopping_runner_fails_an_agent_waiting_on_a_paused_gateway(
         "RunnerStoppedError: the local runner stopped while the gateway was paused"
     )
     assert (runner.stats.failed, runner.stats.stopped) == (0, 1)
+
+
+def test_an_agent_failing_after_the_runner_stopped_is_counted_stopped_and_logs_nothing(
+    api: AglServerApi, client: AglClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run that ends on an error stops the runner without waiting: its agents then fail on a
+    closed client or a stopped server, which is no news to print under the run's own error."""
+    started, release = threading.Event(), threading.Event()
+
+    def agent(_context: AgentContext) -> float:
+        started.set()
+        release.wait(30)
+        raise RuntimeError("agl-server is gone")
+
+    runner = LocalAgentRunner(api, agent, poll_interval=0.05).start()
+    [created] = _create(client, [{"input": {}}])
+    assert started.wait(30)
+    with caplog.at_level(logging.WARNING, logger="agl_trainer.local.runner"):
+        runner.stop(wait=False)
+        release.set()
+        [rollout] = _wait_terminal(client, [created])
+        deadline = time.monotonic() + 10
+        while runner.stats.stopped == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert (rollout.state, runner.stats.failed, runner.stats.stopped) == ("failed", 0, 1)
+    assert caplog.messages == []

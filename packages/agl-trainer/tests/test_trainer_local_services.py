@@ -10,27 +10,39 @@ from pathlib import Path
 import pytest
 
 from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE, IMPORT_AS_SPAWN_DOES
-from agl_trainer.local import ProcessStartError, agl_server_argv, start_agl_server, vllm_argv, vllm_env
+from agl_trainer.local import (
+    ProcessStartError,
+    agl_server_argv,
+    key_env,
+    start_agl_server,
+    vllm_argv,
+    vllm_env,
+)
 from agl_trainer.local.services import VLLM_CHILD_PATH
 
 
-def test_agl_server_argv_passes_hydra_overrides() -> None:
-    argv = agl_server_argv(Path("/env/bin/python"), port=8123, key="k1", model_name="agl-local-policy")
+def test_agl_server_argv_passes_hydra_overrides_and_reads_the_key_from_the_environment() -> None:
+    argv = agl_server_argv(Path("/env/bin/python"), port=8123, model_name="agl-local-policy")
     assert argv == [
         "/env/bin/python",
         "-m",
         "agentlightning.server",
         "host=127.0.0.1",
         "port=8123",
-        "key=k1",
+        "key=${oc.env:AGL_KEY}",
         "default_proxy.model_name=agl-local-policy",
     ]
+
+
+def test_key_env_carries_the_key_and_drops_the_trainers_virtual_env() -> None:
+    env = key_env("s3cret", base={"PATH": "/bin", "VIRTUAL_ENV": "/trainer/.venv", "AGL_KEY": "old"})
+    assert env == {"PATH": "/bin", "AGL_KEY": "s3cret"}
 
 
 @pytest.mark.parametrize("bad", ["a b", "x'y", "q=1", ""])
 def test_agl_server_argv_refuses_values_hydra_would_misparse(bad: str) -> None:
     with pytest.raises(ValueError, match=r"model_name=.* cannot be passed as a Hydra override"):
-        agl_server_argv(Path("python"), port=1, key="k", model_name=bad)
+        agl_server_argv(Path("python"), port=1, model_name=bad)
 
 
 def test_vllm_argv_is_eager_float32_openai_server_through_the_child_module() -> None:

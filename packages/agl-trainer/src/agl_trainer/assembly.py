@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from agl_trainer.datasets import InMemoryDataset
 from agl_trainer.serving.weights import ExternalVllmPush, NoWeightPush, WeightPusher
@@ -24,6 +26,8 @@ from agl_trainer.verl_glue.compat import check_verl_version
 from agl_trainer.verl_glue.workers import ray_runtime_env
 
 CONFIG_DIR = Path(__file__).parent / "config"
+CONFIG_ERRORS: tuple[type[Exception], ...] = (ValueError, HydraException, OmegaConfBaseException)
+"""What a bad configuration raises: agl's and verl's checks, Hydra's composition, omegaconf's access."""
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -264,6 +268,7 @@ def run_from_files(overrides: Sequence[str]) -> AglRayPPOTrainer:
 
 __all__ = (
     "CONFIG_DIR",
+    "CONFIG_ERRORS",
     "PRODUCTION_REQUIRED_KEYS",
     "TrainingInterrupted",
     "build_trainer",

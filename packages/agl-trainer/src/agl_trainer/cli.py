@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS
 from agl_trainer.local.toy_agents import RUNNERS
 from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
 
@@ -36,6 +37,7 @@ _SHORT_KEYS = {
     "max_staleness": "--max-staleness",
     "tool_latency": "--tool-latency",
     "runner": "--runner",
+    "controller_restarts": "--controller-restarts",
 }
 
 _DESCRIPTION = """\
@@ -68,6 +70,11 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
   runner=local|controller
                        same as --runner: who runs the embedded default's agents — threads in the
                        trainer (local, the default) or the real agl-controller, one process each
+  controller_restarts=N
+                       same as --controller-restarts: how often the embedded default restarts an
+                       agl-controller that died (default 3); one more death stops the run
+Your own agent on the embedded default: PYTHONPATH=<its folder> agl-trainer runner=controller
+  agentlightning.local.agent_class=MODULE:CLASS +agentlightning.local.env_map.NAME=input.FIELD
 Logging: trainer.logger=[console,wandb] adds Weights & Biases (after `wandb login`); the embedded
 default always keeps the file logger too, for metrics.jsonl and the plot.
 
@@ -91,6 +98,7 @@ class CliArgs:
     overrides: tuple[str, ...]
     tool_latency: ToolLatency | None = None
     runner: str | None = None
+    controller_restarts: int | None = None
 
     @property
     def is_production(self) -> bool:
@@ -150,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="who runs the embedded default's agents: threads in the trainer (local, the default) or the "
         "real agl-controller (controller), one process per rollout",
     )
+    parser.add_argument(
+        "--controller-restarts",
+        type=_non_negative_int,
+        metavar="N",
+        help=f"runner=controller: restart a dead agl-controller at most N times (default {DEFAULT_CONTROLLER_RESTARTS})",
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Hydra overrides")
     return parser
 
@@ -176,6 +190,7 @@ def parse_args(argv: Sequence[str]) -> CliArgs:
         overrides=(*overrides, *args.overrides),
         tool_latency=args.tool_latency,
         runner=args.runner,
+        controller_restarts=args.controller_restarts,
     )
 
 
@@ -225,23 +240,27 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run what the command line asks for. A configuration error is one line and exit code 2, a
+    process of the embedded default that failed one line and exit code 1, Ctrl-C one line and 130;
+    any other error is a bug and keeps its traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.is_production and args.tool_latency is not None:
-        raise SystemExit(
-            "agl-trainer: tool_latency= slows the embedded default's toy agents; a production run's agents are "
-            "your own: drop tool_latency="
-        )
-    if args.is_production and args.runner is not None:
-        raise SystemExit(
-            f"agl-trainer: runner={args.runner} picks who runs the embedded default's toy agents; in a production "
-            "run your own agl-controller runs your agents: drop runner="
-        )
-    if args.is_production and args.task is not None:
-        raise SystemExit(
-            f"agl-trainer: task={args.task} selects the embedded default's toy task, but the overrides name "
-            f"a production setup (one of {', '.join(PRODUCTION_KEYS)}); drop task= and give data.train_files"
-        )
+    _refuse_embedded_options_in_production(args)
     configure_logging()
+    try:
+        _run(args)
+    except KeyboardInterrupt as interrupt:
+        # run_ppo has stopped its workers and replicas, the embedded default its processes.
+        print(interrupted_line(interrupt), file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+
+
+def _run(args: CliArgs) -> None:
+    from agl_trainer.local.errors import AgentImportError, LocalStackError
+
+    try:
+        check_config(args)
+    except ConfigError as error:
+        raise SystemExit(_fail(config_error_line(error), 2)) from None
     try:
         if args.is_production:
             from agl_trainer.assembly import run_from_files
@@ -250,21 +269,105 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             from agl_trainer.local.demo import run_embedded_default
 
-            run_embedded_default(
+            run = run_embedded_default(
                 args.overrides,
                 task=args.task or "digits",
                 tool_latency=args.tool_latency,
                 runner=args.runner or "local",
+                controller_restarts=(
+                    DEFAULT_CONTROLLER_RESTARTS
+                    if args.controller_restarts is None
+                    else args.controller_restarts
+                ),
             )
-    except KeyboardInterrupt as interrupt:
-        # run_ppo has stopped its workers and replicas, the embedded default its processes.
-        from agl_trainer.assembly import TrainingInterrupted
+            if not run.totals.samples_trained:
+                raise SystemExit(1)
+    except AgentImportError as error:
+        raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
+    except LocalStackError as error:
+        raise SystemExit(
+            _fail(str(error) if str(error).startswith("agl-trainer:") else f"agl-trainer: {error}", 1)
+        ) from None
 
-        if isinstance(interrupt, TrainingInterrupted):
-            print(interrupt.summary(), file=sys.stderr, flush=True)
+
+def _fail(line: str, code: int) -> int:
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _refuse_embedded_options_in_production(args: CliArgs) -> None:
+    if not args.is_production:
+        return
+    if args.tool_latency is not None:
+        raise SystemExit(
+            "agl-trainer: tool_latency= slows the embedded default's toy agents; a production run's agents are "
+            "your own: drop tool_latency="
+        )
+    if args.runner is not None or args.controller_restarts is not None:
+        what = (
+            f"runner={args.runner}"
+            if args.runner is not None
+            else f"controller_restarts={args.controller_restarts}"
+        )
+        raise SystemExit(
+            f"agl-trainer: {what} is about who runs the embedded default's toy agents; in a production "
+            f"run your own agl-controller runs your agents: drop {what.split('=')[0]}="
+        )
+    if args.task is not None:
+        raise SystemExit(
+            f"agl-trainer: task={args.task} selects the embedded default's toy task, but the overrides name "
+            f"a production setup (one of {', '.join(PRODUCTION_KEYS)}); drop task= and give data.train_files"
+        )
+
+
+class ConfigError(Exception):
+    """The run's configuration cannot be trained with; the cause is verl's, Hydra's or agl's error."""
+
+
+def check_config(args: CliArgs) -> None:
+    """Compose and validate the run's config before any process starts; :class:`ConfigError` if it fails.
+
+    A production run's data files are read here too, so a missing or malformed file is named now.
+    """
+    from agl_trainer.assembly import CONFIG_ERRORS
+
+    try:
+        if args.is_production:
+            from agl_trainer.assembly import load_rows, production_config
+            from agl_trainer.settings import parse_settings
+
+            config = production_config(args.overrides)
+            parse_settings(config)
+            load_rows(config.data.train_files, key="data.train_files")
+            load_rows(config.data.val_files, key="data.val_files")
         else:
-            print("agl-trainer: interrupted before training started; nothing was saved", file=sys.stderr)
-        raise SystemExit(130) from None
+            from agl_trainer.local import demo
+
+            demo.check_config(args.overrides)
+    except CONFIG_ERRORS as error:
+        raise ConfigError(error) from error
+
+
+def config_error_line(error: ConfigError) -> str:
+    """``agl-trainer: <the cause's message on one line>``; the message names the key, value and fix."""
+    cause = error.__cause__ or error
+    return "agl-trainer: " + " ".join(str(cause).split())
+
+
+def interrupted_line(interrupt: BaseException) -> str:
+    """What Ctrl-C says: the step reached and the last checkpoint, when training had started.
+
+    The trainer's :class:`~agl_trainer.assembly.TrainingInterrupted` is looked for along the chain
+    of exceptions, since stopping the processes after it can raise another interrupt.
+    """
+    from agl_trainer.assembly import TrainingInterrupted
+
+    seen: BaseException | None = interrupt
+    while seen is not None:
+        if isinstance(seen, TrainingInterrupted):
+            return seen.summary()
+        seen = seen.__cause__ or seen.__context__
+    return "agl-trainer: interrupted before training started; nothing was saved"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ from agl_trainer.local.agent import (
 from agl_trainer.local.controller import (
     AglController,
     agent_import_path,
+    agents_python_path,
     agl_controller_argv,
+    check_agent_class,
+    controller_env,
     start_controller,
 )
 from agl_trainer.local.envs import (
@@ -26,7 +29,9 @@ from agl_trainer.local.envs import (
     vllm_cpu_spec,
 )
 from agl_trainer.local.errors import (
+    AgentImportError,
     LocalStackError,
+    ProcessDiedError,
     ProcessStartError,
     ProvisionError,
     ServerApiError,
@@ -36,14 +41,18 @@ from agl_trainer.local.runner import LocalAgentRunner, RunnerStats
 from agl_trainer.local.server_api import AglServerApi
 from agl_trainer.local.services import (
     DEFAULT_SERVED_MODEL,
+    KEY_ENV,
     AglServer,
     VllmServer,
     agl_server_argv,
+    key_env,
     start_agl_server,
     start_vllm,
     vllm_argv,
     vllm_env,
 )
+from agl_trainer.local.summary import RunTotals
+from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS, Supervisor
 from agl_trainer.local.toy_agents import (
     AGENT_CLASSES,
     RUNNERS,
@@ -57,12 +66,15 @@ from agl_trainer.local.toy_task import TOY_TASKS, DigitToolTask, TokenShareTask,
 __all__ = (
     "AGENT_CLASSES",
     "CACHE_DIR_ENV",
+    "DEFAULT_CONTROLLER_RESTARTS",
     "DEFAULT_SERVED_MODEL",
+    "KEY_ENV",
     "RUNNERS",
     "TOY_TASKS",
     "ToolLatency",
     "Agent",
     "AgentContext",
+    "AgentImportError",
     "AglController",
     "AglServer",
     "AglServerApi",
@@ -74,10 +86,13 @@ __all__ = (
     "GatewayModel",
     "LocalAgentRunner",
     "LocalStackError",
+    "ProcessDiedError",
     "ProcessStartError",
     "ProvisionError",
+    "RunTotals",
     "RunnerStats",
     "ServerApiError",
+    "Supervisor",
     "TokenShareTask",
     "ToolEnv",
     "ToolEnvSpec",
@@ -86,14 +101,18 @@ __all__ = (
     "UpperToolTask",
     "VllmServer",
     "agent_import_path",
+    "agents_python_path",
     "agl_controller_argv",
     "agl_server_argv",
     "agl_server_spec",
     "cache_dir",
+    "check_agent_class",
+    "controller_env",
     "ensure_tool_env",
     "existing_tool_env",
     "exit_on_sigterm",
     "free_port",
+    "key_env",
     "proxy_base_url",
     "start_agl_server",
     "start_controller",

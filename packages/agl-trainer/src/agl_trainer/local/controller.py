@@ -3,7 +3,9 @@
 The controller polls agl-server for queuing rollouts and runs each one's
 ``config.local.agent_class`` in its own Python process, with the controller's interpreter: the
 agent's module must be importable there. :func:`agent_import_path` makes agl-trainer's own toy
-agents importable from the agl-server tool environment without installing agl-trainer into it.
+agents importable from the agl-server tool environment without installing agl-trainer into it;
+the user's ``PYTHONPATH`` and working directory follow it (:func:`agents_python_path`), and
+:func:`check_agent_class` imports an ``agent_class`` as the workers will, before any rollout.
 
 The controller gives no readiness signal (a wrong key or URL only logs an error every tick), so
 :func:`start_controller` returns once the process runs; rollouts queue until its first tick.
@@ -11,16 +13,18 @@ The controller gives no readiness signal (a wrong key or URL only logs an error 
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 import agl_trainer
-from agl_trainer.local.errors import ProcessStartError
+from agl_trainer.local.errors import AgentImportError, ProcessStartError
 from agl_trainer.local.processes import ChildProcess
-from agl_trainer.local.services import AglServer
+from agl_trainer.local.services import KEY_FROM_ENV, AglServer, key_env
 
 DEFAULT_POLL_INTERVAL_SECONDS = 0.2
 """The controller's tick (its default is 10 s): a rollout turns terminal only on the tick after its
@@ -29,9 +33,12 @@ _STARTED_CHECK_SECONDS = 1.0
 
 
 def agl_controller_argv(
-    python: Path, *, server_url: str, key: str, maximum_size: int, poll_interval: float, workdir: Path
+    python: Path, *, server_url: str, maximum_size: int, poll_interval: float, workdir: Path
 ) -> list[str]:
-    """``python -m agentlightning.controller`` in local mode, with Hydra's outputs and log setup off."""
+    """``python -m agentlightning.controller`` in local mode, with Hydra's outputs and log setup off.
+
+    The key is read from :data:`~agl_trainer.local.services.KEY_ENV` (:func:`controller_env`).
+    """
     if maximum_size < 1:
         raise ValueError(f"maximum_size={maximum_size} must be >= 1 (agents the controller runs at once)")
     if not poll_interval > 0:
@@ -42,13 +49,75 @@ def agl_controller_argv(
         "agentlightning.controller",
         "runner_type=local",
         f"agl_server.url={server_url}",
-        f"agl_server.key={key}",
+        f"agl_server.key={KEY_FROM_ENV}",
         f"local_runner.maximum_size={maximum_size}",
         f"local_runner.poll_interval={poll_interval}",
         f"hydra.run.dir={workdir}",
         "hydra.output_subdir=null",
         "hydra/job_logging=disabled",
     ]
+
+
+def agents_python_path(python_path: Sequence[Path], base: Mapping[str, str], cwd: Path) -> list[str]:
+    """The agents' ``PYTHONPATH``: ``python_path``, then the user's ``PYTHONPATH`` (from ``base``), then
+    ``cwd`` (where agl-trainer was started), each absolute: the controller runs in the run folder, so
+    a relative entry would point elsewhere."""
+    user = [entry or "." for entry in base.get("PYTHONPATH", "").split(os.pathsep) if base.get("PYTHONPATH")]
+    entries = [*map(str, python_path), *user, str(cwd)]
+    absolute = [str((cwd / entry).absolute()) if not os.path.isabs(entry) else entry for entry in entries]
+    return list(dict.fromkeys(absolute))
+
+
+def controller_env(
+    key: str, python_path: Sequence[Path] = (), base: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> dict[str, str]:
+    """agl-controller's environment, which its agents inherit: ``base`` (default: this process's) with
+    the server key and :func:`agents_python_path` as ``PYTHONPATH``."""
+    env = key_env(key, base)
+    env["PYTHONPATH"] = os.pathsep.join(agents_python_path(python_path, env, cwd or Path.cwd()))
+    return env
+
+
+_IMPORT_PROBE = """
+import importlib, json, os, sys
+path = sys.argv[1]
+module, _, name = path.partition(":") if ":" in path else path.rpartition(".")
+try:
+    loaded = getattr(importlib.import_module(module), name)
+    if not isinstance(loaded, type):
+        raise TypeError(f"{path} is not a class")
+except Exception as error:
+    print(json.dumps({"error": f"{type(error).__name__}: {error}", "path": [p or os.getcwd() for p in sys.path]}))
+    sys.exit(1)
+"""
+
+
+def check_agent_class(python: Path, agent_class: str, env: Mapping[str, str], workdir: Path) -> None:
+    """Import ``agent_class`` (``mod:Class`` or ``mod.Class``) as the controller's workers do: with
+    ``python``, ``env`` and ``workdir`` as the working directory. Raises :class:`AgentImportError`,
+    one line naming the class, the error and the paths searched."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [str(python), "-c", _IMPORT_PROBE, agent_class],
+        env=dict(env),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if done.returncode == 0:
+        return
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        error, searched = str(found["error"]), [str(entry) for entry in found["path"]]
+    except (IndexError, ValueError, KeyError):
+        error, searched = f"exit code {done.returncode}: {done.stderr.strip()[-500:]}", []
+    raise AgentImportError(
+        f"agentlightning.local.agent_class={agent_class} cannot be imported by agl-controller's Python "
+        f"({python}): {error}; paths searched: {os.pathsep.join(searched)}. Fix: put the folder of its module "
+        "on PYTHONPATH (or start agl-trainer in it); its imports must be installed in that environment"
+    )
 
 
 def agent_import_path(workdir: Path) -> Path:
@@ -67,9 +136,21 @@ def agent_import_path(workdir: Path) -> Path:
 
 @dataclass
 class AglController:
-    """A running agl-controller child."""
+    """A running agl-controller child; :meth:`restart` replaces a dead one with the same command."""
 
     process: ChildProcess
+
+    def restart(self) -> None:
+        """Start a new controller process, as the dead one was started (same log file, appended).
+
+        The new controller fails the rollouts the old one left running ("local subprocess is not
+        running") on its first tick, and runs the queued ones.
+        """
+        old = self.process
+        old.stop()
+        self.process = ChildProcess(
+            old.name, old.argv, cwd=old.cwd, log_path=old.log_path, env=old.env
+        ).start()
 
     def stop(self) -> None:
         """SIGTERM: it fails its running rollouts ("local controller shutdown") and exits in about 2 s."""
@@ -95,20 +176,18 @@ def start_controller(
 ) -> AglController:
     """Start agl-controller for ``server`` in ``workdir`` (its log: ``agl-controller.log``).
 
-    ``python_path`` goes first on the agents' ``PYTHONPATH`` (where their ``agent_class`` modules
-    are). Raises :class:`ProcessStartError` when the process exits at once (a bad override).
+    The agents' ``PYTHONPATH`` is :func:`agents_python_path`: ``python_path`` (where their
+    ``agent_class`` modules are), the user's ``PYTHONPATH``, the current directory. Raises
+    :class:`ProcessStartError` when the process exits at once (a bad override).
     """
     argv = agl_controller_argv(
         python,
         server_url=server.url,
-        key=server.key,
         maximum_size=maximum_size,
         poll_interval=poll_interval,
         workdir=workdir,
     )
-    env = dict(os.environ)
-    env.pop("VIRTUAL_ENV", None)
-    env["PYTHONPATH"] = os.pathsep.join(str(path) for path in python_path)
+    env = controller_env(server.key, python_path)
     child = ChildProcess(
         "agl-controller", argv, cwd=workdir, log_path=workdir / "agl-controller.log", env=env
     )

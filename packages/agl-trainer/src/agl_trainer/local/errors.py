@@ -15,3 +15,11 @@ class ProcessStartError(LocalStackError):
 
 class ServerApiError(LocalStackError):
     """agl-server answered a request of the local runner with an unexpected status."""
+
+
+class AgentImportError(LocalStackError):
+    """``agentlightning.local.agent_class`` cannot be imported by agl-controller's interpreter."""
+
+
+class ProcessDiedError(LocalStackError):
+    """A process of the local stack died during the run (or agl-controller more often than allowed)."""

@@ -63,6 +63,8 @@ class ChildProcess:
         self.log_path = log_path
         self.env = dict(env) if env is not None else None
         self._process: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        """Set once :meth:`stop` was called: an exit from then on is not a death."""
 
     @property
     def pid(self) -> int | None:
@@ -71,6 +73,24 @@ class ChildProcess:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the process ended (negative: the signal that killed it), else None.
+
+        It does not reap the process (another thread may be in :meth:`stop`, which must reap it last).
+        """
+        process = self._process
+        if process is None or process.returncode is not None:
+            return None if process is None else process.returncode
+        try:
+            info = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped meanwhile by stop()
+            return process.returncode
+        if info is None:
+            return None
+        killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        return -info.si_status if killed else info.si_status
 
     def start(self) -> ChildProcess:
         """Spawn the process in a new session with stdout and stderr going to ``log_path``."""
@@ -136,6 +156,7 @@ class ChildProcess:
 
         Returns the exit code, or None if the process was never started.
         """
+        self.stopping = True
         process = self._process
         if process is None:
             return None
@@ -169,7 +190,10 @@ def _wait_unreaped(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` exits without reaping it; False on timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # already reaped
             return True
         time.sleep(0.05)
     return False

@@ -126,7 +126,8 @@ class LocalAgentRunner:
                 self.api.patch_status(rollout_id, state="succeeded")
                 self._count("succeeded")
             except Exception as exc:
-                stopped = isinstance(exc, RunnerStoppedError)
+                # An agent cut off by the runner's stop (the run is over or failed) went nowhere wrong.
+                stopped = isinstance(exc, RunnerStoppedError) or self._stop.is_set()
                 if not stopped:
                     log.warning("local runner: rollout %s failed: %r", rollout_id, exc)
                 self.api.patch_status(
@@ -134,7 +135,8 @@ class LocalAgentRunner:
                 )
                 self._count("stopped" if stopped else "failed")
         except Exception:
-            log.exception("local runner: could not report rollout %s to agl-server", rollout_id)
+            if not self._stop.is_set():  # once stopped, agl-server may be gone: nothing to report to
+                log.exception("local runner: could not report rollout %s to agl-server", rollout_id)
         finally:
             self._slots.release()
 

