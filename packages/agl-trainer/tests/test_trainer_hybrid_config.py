@@ -61,8 +61,9 @@ def test_the_readmes_show_a_hybrid_and_an_external_production_command() -> None:
     "overrides", [o for _, o in COMMANDS], ids=[f"{r}:{i}" for i, (r, _) in enumerate(COMMANDS)]
 )
 def test_readme_production_command_composes_and_passes_verls_config_conversion(
-    overrides: tuple[str, ...],
+    overrides: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AGL_KEY", "from-the-environment")  # the deployment's key, as the docs export it
     config = production_config(overrides)
     parse_settings(config)
     section = config.actor_rollout_ref

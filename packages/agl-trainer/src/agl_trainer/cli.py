@@ -45,7 +45,7 @@ Trains an LLM agent with GRPO on verl.
 
 With no arguments: the embedded default, a complete local training on CPU (agl-server, a CPU vLLM
 server, local agents for a toy multi-turn task, verl's FSDP workers) that finishes in minutes on
-2 cores, then writes metrics.jsonl and a PNG of reward and loss per step.
+2 cores, then writes metrics.jsonl and a PNG of reward, step time and (fully async) staleness.
 
 With any of actor_rollout_ref.model.path=, agentlightning.agl_base_url= or
 agentlightning.external_servers.endpoints=[...]: the production run. Nothing local is started;
@@ -75,15 +75,16 @@ they are applied after the shortcuts, so a full key wins. Shortcuts:
                        agl-controller that died (default 3); one more death stops the run
 Your own agent on the embedded default: PYTHONPATH=<its folder> agl-trainer runner=controller
   agentlightning.local.agent_class=MODULE:CLASS +agentlightning.local.env_map.NAME=input.FIELD
-Logging: trainer.logger=[console,wandb] adds Weights & Biases (after `wandb login`); the embedded
-default always keeps the file logger too, for metrics.jsonl and the plot.
+Logging: trainer.logger=[wandb] adds Weights & Biases (after `wandb login`); the embedded default
+always keeps the file logger too, for metrics.jsonl, the plot and its one line per step
+(trainer.logger=[console] prints verl's full metrics line instead).
 
 examples:
   agl-trainer steps=5 --async level=transition
   agl-trainer --fully-async max_staleness=1 tool_latency=0.5:6
   agl-trainer task=upper steps=10
   agl-trainer runner=controller
-  agl-trainer trainer.logger=[console,wandb] trainer.project_name=agl-demo
+  agl-trainer trainer.logger=[wandb] trainer.project_name=agl-demo
   agl-trainer actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \\
       agentlightning.agl_base_url=http://gateway:8080 \\
       data.train_files=train.parquet data.val_files=test.parquet trainer.n_gpus_per_node=8
@@ -241,8 +242,9 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run what the command line asks for. A configuration error is one line and exit code 2, a
-    process of the embedded default that failed one line and exit code 1, Ctrl-C one line and 130;
-    any other error is a bug and keeps its traceback."""
+    process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
+    trained nothing, one line and exit code 1, Ctrl-C one line and 130; any other error is a bug and
+    keeps its traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _refuse_embedded_options_in_production(args)
     configure_logging()
@@ -256,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run(args: CliArgs) -> None:
     from agl_trainer.local.errors import AgentImportError, LocalStackError
+    from agl_trainer.trainer import TooManyEmptySteps
 
     try:
         check_config(args)
@@ -284,6 +287,8 @@ def _run(args: CliArgs) -> None:
                 raise SystemExit(1)
     except AgentImportError as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
+    except TooManyEmptySteps as error:
+        raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None
     except LocalStackError as error:
         raise SystemExit(
             _fail(str(error) if str(error).startswith("agl-trainer:") else f"agl-trainer: {error}", 1)
