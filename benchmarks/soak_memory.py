@@ -48,15 +48,17 @@ def kind_of(process: psutil.Process, trainer_pid: int) -> str | None:
 
 
 def trainer_process(root: psutil.Process) -> psutil.Process:
-    """The Python process running the trainer under ``uv run`` (the first child whose command runs
-    agl-trainer's entry point), or ``root`` itself."""
+    """The process running the trainer under ``uv run``: the largest descendant whose command runs
+    agl-trainer (its name is the script's, not python's), or ``root`` itself."""
+    candidates: list[tuple[int, psutil.Process]] = []
     for child in root.children(recursive=True):
         try:
-            if "agl-trainer" in " ".join(child.cmdline()) and child.name().startswith("python"):
-                return child
+            line = " ".join(child.cmdline())
+            if "agl-trainer" in line and "vllm" not in line and not child.name().startswith("ray"):
+                candidates.append((child.memory_info().rss, child))
         except psutil.NoSuchProcess:
             continue
-    return root
+    return max(candidates, key=lambda pair: pair[0])[1] if candidates else root
 
 
 def sample(root: psutil.Process) -> dict[str, float]:
