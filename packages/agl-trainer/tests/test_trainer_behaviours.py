@@ -39,8 +39,8 @@ from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.http import call
 from agl_trainer import run_ppo
 from agl_trainer.assembly import compose_config
+from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.local.tiny_model import build_tiny_model
-from agl_trainer.trainer import TooManyEmptySteps
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.verl_glue.workers import PolicyWorkers
 

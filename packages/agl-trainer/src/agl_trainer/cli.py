@@ -257,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run(args: CliArgs) -> None:
+    from agl_trainer.errors import TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
-    from agl_trainer.trainer import TooManyEmptySteps
 
     try:
         check_config(args)

@@ -30,6 +30,7 @@ from verl.utils.tracking import Tracking
 from agl_adapter import EmptyBatchError
 from agl_rollout import AglClient, BatchTopUp
 from agl_trainer.datasets import collate_rows
+from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.run_state import RunState
 from agl_trainer.serving.publisher import Publisher
 from agl_trainer.serving.replicas import VerlReplicas
@@ -50,10 +51,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _B = TypeVar("_B")
-
-
-class TooManyEmptySteps(RuntimeError):
-    """``agentlightning.max_empty_steps`` consecutive steps trained nothing."""
 
 
 class AglRayPPOTrainer(RayPPOTrainer):
@@ -313,4 +310,4 @@ def _stage(
     return batch
 
 
-__all__ = ("AglRayPPOTrainer", "TooManyEmptySteps")
+__all__ = ("AglRayPPOTrainer",)

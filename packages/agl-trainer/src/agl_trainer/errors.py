@@ -1,0 +1,9 @@
+"""Errors that end a run on purpose, each said in one line by ``agl-trainer`` (importing this
+module loads nothing else: the CLI catches them before verl is imported)."""
+
+
+class TooManyEmptySteps(RuntimeError):
+    """``agentlightning.max_empty_steps`` consecutive steps trained nothing."""
+
+
+__all__ = ("TooManyEmptySteps",)
