@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from agl_rollout import AglClient, model_registrations
 from agl_testing.agents import AgentBehaviour, FakeAgentError, FakeAgents
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.http import call
 
 pytestmark = pytest.mark.server
@@ -76,3 +78,30 @@ def test_a_failing_test_keeps_its_own_exception_with_the_agents_errors_attached(
         raise RuntimeError("the test's own failure")
     assert any("KeyError: 'missing'" in note for note in info.value.__notes__)
     agl_server.delete_rollouts([rid])
+
+
+def test_an_agent_through_the_gateway_gets_its_calls_recorded_with_the_registered_version(
+    fresh_agl_server: AglServerProcess,
+) -> None:
+    with HeldCompletions() as upstream, AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        client.register_models(
+            model_registrations(TEST_MODEL_NAME, [f"http://{upstream.address}/v1"], version=7)
+        )
+        client.resume()
+        with FakeAgents(
+            fresh_agl_server.url, behaviour=AgentBehaviour(turns=2, reward=0.5, via_gateway=True)
+        ):
+            rid = _create(fresh_agl_server, 1)
+            status = _wait_terminal(fresh_agl_server, rid)
+        calls = client.get_events(rid, event_type="model_request")
+        client.delete_rollout(rid)
+    assert status["state"] == "succeeded"
+    assert [(e.data["server"]["version"], e.data["request"]["prompt"]) for e in calls] == [
+        (7, [1, 2, 3]),
+        (7, [1, 2, 3, 13, 23, 30]),
+    ]
+
+
+def test_an_agent_through_the_gateway_cannot_also_write_a_version() -> None:
+    with pytest.raises(ValueError, match="records nothing itself"):
+        AgentBehaviour(via_gateway=True, weight_version=3)

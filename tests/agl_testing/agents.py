@@ -63,6 +63,11 @@ class AgentBehaviour:
     120 s is an agent error), so a test orders things by events rather than by sleeps.
     ``routed_experts`` makes each call carry MoE routes, as the gateway records them with
     ``include_routed_experts``: an opaque payload ``routes-<turn>`` (the server does not decode it).
+    ``via_gateway`` makes each turn a real completions call through the gateway (a prompt of token
+    ids; the upstream the test registered answers): the gateway then records the call, with the
+    weight version of the registration that served it, so no version is written by the agent
+    (``weight_version``, ``malformed``, ``routed_experts`` and ``images`` then stay unset). A paused
+    gateway's ``429`` is retried after its ``Retry-After``, capped at 0.2 s.
     ``images``, one per turn from the first, make each call a chat request whose messages carry the
     images of every turn so far; each image's ``placeholder`` ids join the context before its turn's
     call (as a chat template expands them). The first call is then recorded twice, as a retry with
@@ -79,6 +84,13 @@ class AgentBehaviour:
     wait_for: threading.Event | None = None
     routed_experts: bool = False
     images: tuple[TurnImage, ...] = ()
+    via_gateway: bool = False
+
+    def __post_init__(self) -> None:
+        if self.via_gateway and (self.weight_version or self.malformed or self.routed_experts or self.images):
+            raise ValueError(
+                "an agent calling through the gateway records nothing itself: drop weight_version, ..."
+            )
 
 
 _WAIT_FOR_LIMIT_S = 120.0
@@ -266,8 +278,13 @@ class FakeAgents:
                 return
             if behaviour.wait_for is not None and not self._wait_for(behaviour.wait_for):
                 return
-            for event_type, data in self._events(behaviour):
-                self._post(rid, event_type, data)
+            if behaviour.via_gateway:
+                self._call_through_gateway(rid, behaviour.turns)
+                if behaviour.reward is not None:
+                    self._post(rid, "reward", {"value": behaviour.reward, "source": "agent"})
+            else:
+                for event_type, data in self._events(behaviour):
+                    self._post(rid, event_type, data)
             final = "succeeded" if behaviour.outcome == "succeeded" else "failed"
             patch: dict[str, Any] = {"state": final}
             if final == "failed":
@@ -285,6 +302,22 @@ class FakeAgents:
         except Exception:
             self._record_error(rid)
             self._fail_on_server(rid, "the fake agent raised")
+
+    def _call_through_gateway(self, rid: str, turns: int) -> None:
+        """``turns`` completions calls on the rollout's gateway URL, each prompt the context so far
+        plus an observation token."""
+        url = f"/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/completions"
+        context = [1, 2, 3]
+        for turn in range(turns):
+            while True:
+                reply = self._http.post(
+                    url, json={"model": TEST_MODEL_NAME, "prompt": context, "max_tokens": 2}
+                )
+                if reply.status_code != 429 or self._stop.is_set():
+                    break
+                self._stop.wait(min(float(reply.headers.get("retry-after", "1")), 0.2))
+            reply.raise_for_status()
+            context = [*context, *reply.json()["choices"][0]["token_ids"], 30 + turn]
 
     def _wait_for(self, event: threading.Event) -> bool:
         """Wait for the test's event; ``False`` when the pool stops first. Raises after the limit."""

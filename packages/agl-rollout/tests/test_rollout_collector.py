@@ -1,5 +1,9 @@
 """The fully-async collector against the real server: overlap, the admission bound, the staleness
-gate (drop and requeue, exact counts), a failing thread, and exact-once resume from its state."""
+gate (drop and requeue, exact counts), a failing thread, and exact-once resume from its state.
+
+The tests that judge staleness send their agents' calls through the real gateway, which records
+each call's weight version from the registration that served it; the test moves the registration
+as the trainer's publisher does (:func:`_publish`). No agent writes its own version."""
 
 from __future__ import annotations
 
@@ -21,9 +25,11 @@ from agl_rollout import (
     RolloutHooks,
     RolloutManagerConfig,
     StalenessGate,
+    model_registrations,
 )
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
 from agl_types import RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]
@@ -65,23 +71,44 @@ def _n_created(client: AglClient) -> int:
     return len(client.list_rollouts(states, limit=1000))
 
 
-def _version_by_x(
-    old: set[int], old_version: int, new_version: int
-) -> Callable[[dict[str, Any]], AgentBehaviour]:
-    return lambda r: AgentBehaviour(weight_version=old_version if r["input"]["x"] in old else new_version)
+@pytest.fixture
+def upstream() -> Iterator[HeldCompletions]:
+    """The inference server the gateway routes the agents' calls to (a stand-in that answers at once)."""
+    with HeldCompletions() as server:
+        yield server
 
 
-def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglServerProcess) -> None:
+def _publish(client: AglClient, upstream: HeldCompletions, version: int) -> None:
+    """Serve ``version`` through the gateway, as the publisher does: register it, open the gateway."""
+    client.register_models(
+        model_registrations(TEST_MODEL_NAME, [f"http://{upstream.address}/v1"], version=version)
+    )
+    client.resume()
+
+
+def _through_gateway(rollout: dict[str, Any]) -> AgentBehaviour:
+    return AgentBehaviour(via_gateway=True)
+
+
+def _runs_after(event: threading.Event, *, unless: set[int]) -> Callable[[dict[str, Any]], AgentBehaviour]:
+    """Agents calling through the gateway; those of samples not in ``unless`` first wait for ``event``."""
+    return lambda r: AgentBehaviour(wait_for=None if r["input"]["x"] in unless else event, via_gateway=True)
+
+
+def test_groups_keep_completing_while_a_taken_step_trains(
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions
+) -> None:
     samples = Samples()
     # Samples 2 and 3 finish only once the first step is taken, so that step takes 0 and 1 (with
     # instant agents any two complete groups could come first: 0 and 2 were seen in CI, seed 8686).
     first_taken = threading.Event()
-    later = lambda r: AgentBehaviour(wait_for=first_taken if r["input"]["x"] in (2, 3) else None)  # noqa: E731
+    later = _runs_after(first_taken, unless={0, 1})
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
         FakeAgents(fresh_agl_server.url, behaviour=later),
         GroupCollector(_manager(client, max_groups=4), samples, StalenessGate(max_staleness=1)) as collector,
     ):
+        _publish(client, upstream, 0)
         # With K=1, (K + 1) * B groups start before the first step: one step's worth runs ahead.
         first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
         first_taken.set()
@@ -89,9 +116,10 @@ def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglS
         collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == B
         assert samples.handed_out == [0, 1, 2, 3]  # and no more start: K * B are already held
+        _publish(client, upstream, 1)
         collector.step_done()
         second = collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
-        # Their calls say version 0 and they train against version 1: one version stale.
+        # The gateway recorded their calls at version 0; they train against version 1: one version stale.
         assert second.metrics["training/async/staleness_max"] == 1.0
         collector.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1, 2, 3, 4, 5]  # published: the next step's B may start
@@ -100,32 +128,42 @@ def test_groups_keep_completing_while_a_taken_step_trains(fresh_agl_server: AglS
 
 
 def test_bound_zero_starts_no_group_before_the_taken_step_is_published(
-    fresh_agl_server: AglServerProcess,
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions
 ) -> None:
     samples = Samples()
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0, 1}, 0, 1)),
+        FakeAgents(fresh_agl_server.url, behaviour=_through_gateway),
         GroupCollector(_manager(client), samples, StalenessGate(max_staleness=0)) as collector,
     ):
+        _publish(client, upstream, 0)
         collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
         collector.wait_polls(5, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1]
         assert _n_created(client) == 0
+        _publish(client, upstream, 1)
         collector.step_done()
         collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1, 2, 3]
 
 
-def test_over_age_groups_are_dropped_and_counted(fresh_agl_server: AglServerProcess) -> None:
+def test_over_age_groups_are_dropped_and_counted(
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions
+) -> None:
     samples = Samples()
-    # Sample 0's calls say version 0, the others version 3: at trained version 3 with K=1, sample 0
-    # (age 3) is dropped; samples 1 and 2 (age 0) are trained.
+    # Sample 0 runs while version 0 is served; the others once version 3 is: at trained version 3
+    # with K=1, sample 0 (age 3) is dropped; samples 1 and 2 (age 0) are trained.
+    v3_served = threading.Event()
+    behaviour = _runs_after(v3_served, unless={0})
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0}, 0, 3)),
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
         GroupCollector(_manager(client, max_groups=3), samples, StalenessGate(max_staleness=1)) as collector,
     ):
+        _publish(client, upstream, 0)
+        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        _publish(client, upstream, 3)
+        v3_served.set()
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == 3
         taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
@@ -136,20 +174,22 @@ def test_over_age_groups_are_dropped_and_counted(fresh_agl_server: AglServerProc
 
 
 def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
-    fresh_agl_server: AglServerProcess,
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions
 ) -> None:
     samples = Samples()
     runs_of_sample_0 = 0
     lock = threading.Lock()
+    v3_served = threading.Event()
 
     def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
-        # Sample 0's first two rollouts (its first group) say version 0, its requeued ones version 3.
+        # Sample 0's first group runs while version 0 is served; everything else (its requeued group
+        # too) once version 3 is.
         nonlocal runs_of_sample_0
         if rollout["input"]["x"] != 0:
-            return AgentBehaviour(weight_version=3)
+            return AgentBehaviour(wait_for=v3_served, via_gateway=True)
         with lock:
             runs_of_sample_0 += 1
-            return AgentBehaviour(weight_version=0 if runs_of_sample_0 <= N else 3)
+            return AgentBehaviour(wait_for=None if runs_of_sample_0 <= N else v3_served, via_gateway=True)
 
     trained: list[int] = []
     requeued = 0.0
@@ -160,6 +200,10 @@ def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
             _manager(client, max_groups=3), samples, StalenessGate(max_staleness=1, strategy="requeue")
         ) as collector,
     ):
+        _publish(client, upstream, 0)
+        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        _publish(client, upstream, 3)
+        v3_served.set()
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == 3
         while 0 not in trained:
@@ -229,18 +273,24 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
 
 
 def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_and_counted(
-    fresh_agl_server: AglServerProcess,
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions
 ) -> None:
-    # A dead run's published weights cannot be provoked here: the fake agents record version 5 for
-    # sample 0, as calls served by such weights would be, and the run trains version 0.
+    # Sample 0 runs while the gateway serves version 5 (a dead run's last publish, which a resumed
+    # run finds registered), the others once the run has published its own version 0 again.
     samples = Samples()
+    v0_served = threading.Event()
+    behaviour = _runs_after(v0_served, unless={0})
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
-        FakeAgents(fresh_agl_server.url, behaviour=_version_by_x({0}, 5, 0)),
+        FakeAgents(fresh_agl_server.url, behaviour=behaviour),
         GroupCollector(
             _manager(client, max_groups=3), samples, StalenessGate(max_staleness=None)
         ) as collector,
     ):
+        _publish(client, upstream, 5)
+        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        _publish(client, upstream, 0)
+        v0_served.set()
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
         taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
     assert _xs(taken.groups) == [1, 2]

@@ -1,12 +1,15 @@
 """The fully-async mode through the real trainer: verl's workers on CPU, the real agl-server, fake agents.
 
 Collection runs while the actor updates, each step reports its groups' staleness, and the
-checkpoint carries the held groups.
+checkpoint carries the held groups. The agents' calls go through the real gateway to a stand-in
+inference server; the gateway records each call's version from the trainer's own registrations, so
+the staleness judged is the one the publisher made.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import pytest
 from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.trainer_spies import record_trained_data_ids
 from agl_trainer.assembly import build_trainer, compose_config
@@ -28,11 +32,19 @@ B = 2
 WAIT_S = 120.0
 
 
-def _trainer(server: AglServerProcess, out: Path, *extra: str) -> AglRayPPOTrainer:
+@pytest.fixture
+def upstream() -> Iterator[HeldCompletions]:
+    """The inference server the trainer registers on the gateway (a stand-in that answers at once)."""
+    with HeldCompletions() as server:
+        yield server
+
+
+def _trainer(server: AglServerProcess, upstream: HeldCompletions, out: Path, *extra: str) -> AglRayPPOTrainer:
     model = build_tiny_model(out / "model", seed=0)
+    endpoint = f"http://{upstream.address}/v1"
     config = compose_config(
         [
-            *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B),
+            *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B, endpoint=endpoint),
             "trainer.total_training_steps=2",
             "agentlightning.fully_async.max_staleness=1",
             *extra,
@@ -53,15 +65,14 @@ class _UpdateSpy:
 
 
 def _alternating(rollout: dict[str, Any]) -> AgentBehaviour:
-    """Half of each group earns 1 with other tokens, so every group has a gradient; calls say version 0."""
-    shift = int(rollout["rollout_id"], 16) % 2
-    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift, weight_version=0)
+    """Two calls through the gateway; half of each group earns 1, so every group has a gradient."""
+    return AgentBehaviour(turns=2, reward=float(int(rollout["rollout_id"], 16) % 2), via_gateway=True)
 
 
 def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
-    fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions, ray_cluster: None, tmp_path: Path
 ) -> None:
-    trainer = _trainer(fresh_agl_server, tmp_path)
+    trainer = _trainer(fresh_agl_server, upstream, tmp_path)
     completed_during_update: list[bool] = []
     update_actor = trainer.workers.update_actor
     steps: list[dict[str, Any]] = []
@@ -91,8 +102,8 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
         assert client.list_rollouts([RolloutState.QUEUING, RolloutState.RUNNING]) == []
         assert not client.proxy_state().paused
     assert completed_during_update == [True, True]
-    # Step 1 trains version 0 on calls of version 0; step 2 trains version 1 on groups that ran
-    # during step 1's update, whose calls say version 0: one version stale, within the bound.
+    # Step 1 trains version 0 on calls the gateway served at version 0; step 2 trains version 1 on
+    # groups that ran during step 1's update, served at version 0: one version stale, within the bound.
     assert [s["training/async/staleness_max"] for s in steps] == [0.0, 1.0]
     assert [s["training/async/dropped_stale"] for s in steps] == [0.0, 0.0]
     assert trainer.publisher.published == 2
@@ -103,18 +114,18 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
 
 
 def test_a_resumed_fully_async_run_trains_the_checkpointed_groups_once_and_nothing_twice(
-    fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+    fresh_agl_server: AglServerProcess, upstream: HeldCompletions, ray_cluster: None, tmp_path: Path
 ) -> None:
-    unbounded = "agentlightning.fully_async.max_staleness=null"  # the fake agents record version 0 only
+    unbounded = "agentlightning.fully_async.max_staleness=null"  # no group is dropped: each must be trained
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
-        first = _trainer(fresh_agl_server, tmp_path, unbounded)
+        first = _trainer(fresh_agl_server, upstream, tmp_path, unbounded)
         trained_before = record_trained_data_ids(first)
         try:
             first.fit()
         finally:
             first.shutdown()
         state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
-        resumed = _trainer(fresh_agl_server, tmp_path, unbounded, "trainer.total_training_steps=3")
+        resumed = _trainer(fresh_agl_server, upstream, tmp_path, unbounded, "trainer.total_training_steps=3")
         trained_after = record_trained_data_ids(resumed)
         try:
             resumed.fit()
