@@ -114,7 +114,10 @@ def slope(points: list[tuple[int, float]]) -> float:
 
 
 def report(rows: list[dict[str, float]], *, window: int, tail: int) -> None:
+    """Medians per window and the growth over the last ``tail`` steps. Samples taken at the last
+    step are left out: by then the run is shutting its processes down."""
     last = int(max(row["step"] for row in rows))
+    rows = [row for row in rows if row["step"] < last]
     print(f"{'steps':>11}  " + "  ".join(f"{kind:>10}" for kind in KINDS) + "   (median MiB)")
     for start in range(1, last + 1, window):
         chosen = [row for row in rows if start <= row["step"] < start + window]
@@ -128,6 +131,13 @@ def report(rows: list[dict[str, float]], *, window: int, tail: int) -> None:
         print(f"  {kind:>10}: {per_step:+.3f}")
 
 
+def report_file(csv_path: Path, *, window: int, tail: int) -> None:
+    """:func:`report` of a ``soak.csv`` written earlier."""
+    with csv_path.open() as source:
+        rows = [{key: float(value) for key, value in row.items()} for row in csv.DictReader(source)]
+    report(rows, window=window, tail=tail)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,10 +146,14 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--window", type=int, default=100, help="steps per reported window")
     parser.add_argument("--tail", type=int, default=500, help="steps the growth is fitted over")
+    parser.add_argument("--report", type=Path, help="only report this soak.csv of an earlier run")
     parser.add_argument(
         "trainer_args", nargs="*", help="after --: agl-trainer's arguments (default --fully-async)"
     )
     args = parser.parse_args()
+    if args.report is not None:
+        report_file(args.report, window=args.window, tail=args.tail)
+        return
     trainer_args = args.trainer_args or ["--fully-async"]
     command = [
         "uv",
