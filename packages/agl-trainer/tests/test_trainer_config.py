@@ -49,6 +49,12 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
         ),
         (["algorithm.adv_estimator=gae"], "algorithm.enable_rollout_level_advantage"),
         (["agentlightning.max_ppo_update_times=0"], "agentlightning.max_ppo_update_times"),
+        (["data.train_batch_size=0"], "data.train_batch_size must be an int >= 1, got 0"),
+        (["data.max_response_length=-5"], "data.max_response_length must be an int >= 1, got -5"),
+        (
+            ["agentlightning.fully_async.max_staleness=-1"],
+            "agentlightning.fully_async.max_staleness must be null",
+        ),
         (["agentlightning.rollout_timeout_seconds=0"], "agentlightning.rollout_timeout_seconds"),
         (["agentlightning.drain_timeout_seconds=0"], "agentlightning.drain_timeout_seconds must be > 0"),
         (

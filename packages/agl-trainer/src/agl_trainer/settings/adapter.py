@@ -60,9 +60,10 @@ def parse_adapter(config: DictConfig) -> AdapterSettings:
         select(config, "agentlightning.trace_aggregator.level"),
         levels,
     )
-    prompt = select(config, "data.max_prompt_length")
-    response = select(config, "data.max_response_length")
     prompt_key, response_key = "data.max_prompt_length", "data.max_response_length"
+    # verl reads these at every level (vLLM's max_new_tokens among them): checked even when unused here.
+    prompt = integer(prompt_key, select(config, prompt_key), minimum=1)
+    response = integer(response_key, select(config, response_key), minimum=1)
     if level == "trajectory":
         aggregator = "agentlightning.trace_aggregator"
         prompt_key, response_key = (
