@@ -208,6 +208,30 @@ def test_a_configuration_error_is_one_line_naming_the_key_and_exit_code_2_before
 
 
 @pytest.mark.verl
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("data.train_batch_size=0", "agl-trainer: data.train_batch_size must be an int >= 1, got 0"),
+        (
+            "actor_rollout_ref.rollout.n=0",
+            "agl-trainer: actor_rollout_ref.rollout.n must be an int >= 1, got 0",
+        ),
+        ("data.max_response_length=-5", "agl-trainer: data.max_response_length must be an int >= 1, got -5"),
+        (
+            "agentlightning.fully_async.max_staleness=-1",
+            "agl-trainer: agentlightning.fully_async.max_staleness must be null or an int >= 0, got -1",
+        ),
+    ],
+)
+def test_a_size_out_of_range_is_one_line_naming_the_key_and_value_with_exit_code_2(
+    override: str, line: str
+) -> None:
+    done = _agl_trainer(override)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (2, line)
+    assert "embedded default" not in done.stdout, "nothing started"
+
+
+@pytest.mark.verl
 def test_an_unknown_key_is_one_line_with_hydras_fix_and_exit_code_2() -> None:
     done = _agl_trainer("trainer.no_such_key=1")
     assert (done.returncode, done.stderr.splitlines()[-1]) == (
