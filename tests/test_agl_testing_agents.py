@@ -83,7 +83,7 @@ def test_a_failing_test_keeps_its_own_exception_with_the_agents_errors_attached(
 def test_an_agent_through_the_gateway_gets_its_calls_recorded_with_the_registered_version(
     fresh_agl_server: AglServerProcess,
 ) -> None:
-    with HeldCompletions() as upstream, AglClient(fresh_agl_server.url, TEST_KEY) as client:
+    with HeldCompletions(echo=True) as upstream, AglClient(fresh_agl_server.url, TEST_KEY) as client:
         client.register_models(
             model_registrations(TEST_MODEL_NAME, [f"http://{upstream.address}/v1"], version=7)
         )

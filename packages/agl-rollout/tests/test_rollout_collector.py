@@ -74,7 +74,7 @@ def _n_created(client: AglClient) -> int:
 @pytest.fixture
 def upstream() -> Iterator[HeldCompletions]:
     """The inference server the gateway routes the agents' calls to (a stand-in that answers at once)."""
-    with HeldCompletions() as server:
+    with HeldCompletions(echo=True) as server:
         yield server
 
 

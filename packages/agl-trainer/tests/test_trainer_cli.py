@@ -108,7 +108,7 @@ def test_help_documents_the_shortcuts_and_the_production_run(capsys: pytest.Capt
         "--level {transition,trajectory}",
         "--async",
         "steps=N",
-        "trainer.logger=[console,wandb]",
+        "trainer.logger=[wandb]",
         "data.train_files and data.val_files",
     ):
         assert expected in text

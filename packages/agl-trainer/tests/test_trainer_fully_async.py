@@ -35,7 +35,7 @@ WAIT_S = 120.0
 @pytest.fixture
 def upstream() -> Iterator[HeldCompletions]:
     """The inference server the trainer registers on the gateway (a stand-in that answers at once)."""
-    with HeldCompletions() as server:
+    with HeldCompletions(echo=True) as server:
         yield server
 
 
