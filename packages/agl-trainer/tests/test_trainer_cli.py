@@ -232,6 +232,20 @@ def test_a_size_out_of_range_is_one_line_naming_the_key_and_value_with_exit_code
 
 
 @pytest.mark.verl
+def test_a_command_started_with_verl_platform_cpu_in_its_environment_reads_its_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # agl's CPU mode exports VERL_PLATFORM=cpu to the processes it starts; verl reads it while its
+    # engine is imported, before agl's CPU platform would otherwise be registered.
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    done = _agl_trainer("data.train_batch_size=0")
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        "agl-trainer: data.train_batch_size must be an int >= 1, got 0",
+    )
+
+
+@pytest.mark.verl
 def test_an_unknown_key_is_one_line_with_hydras_fix_and_exit_code_2() -> None:
     done = _agl_trainer("trainer.no_such_key=1")
     assert (done.returncode, done.stderr.splitlines()[-1]) == (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -248,6 +249,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _refuse_embedded_options_in_production(args)
     configure_logging()
+    if os.environ.get("VERL_PLATFORM") == "cpu":
+        # Started from a process in agl's CPU mode (which exports the choice): verl reads the
+        # platform while its engine is imported, so agl's CPU platform must be registered first.
+        from agl_trainer.verl_glue.cpu_device import enable_cpu_platform
+
+        enable_cpu_platform()
     try:
         _run(args)
     except KeyboardInterrupt as interrupt:
