@@ -160,7 +160,7 @@ def _dynamic_sampling(config: DictConfig, reward_fillna_value: float) -> Dynamic
             f"{FILTER_GROUPS_KEY}.metric={metric!r}; agl filters on each rollout's reward, set it to reward"
         )
     key = f"{FILTER_GROUPS_KEY}.max_num_gen_batches"
-    batches = integer(key, filter_groups.get("max_num_gen_batches") or 0, minimum=-(2**31))
+    batches = integer(key, filter_groups.get("max_num_gen_batches") or 0)  # 0 or less: no limit
     return DynamicSamplingSettings(max(batches, 0), reward_fillna_value)
 
 

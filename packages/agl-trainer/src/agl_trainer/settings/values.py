@@ -36,10 +36,12 @@ def flag(key: str, value: Any) -> bool:
     return value
 
 
-def integer(key: str, value: Any, *, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{key} must be an int >= {minimum}, got {value!r}")
+def integer(key: str, value: Any, *, minimum: int | None = None) -> int:
+    """``value`` as an int (>= ``minimum`` when given)."""
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{key} must be an int{bound}, got {value!r}")
     return value
 
 

@@ -62,7 +62,6 @@ class Collection:
         """``include_images``: read each model call's images (a vision-language model's run)."""
         self.client = client
         self.settings = settings
-        self.admission = settings.admission
         self.top_up = top_up
         self.drain = drain
         self._manager_config = replace(settings.manager, include_images=include_images)
@@ -83,7 +82,7 @@ class Collection:
             self.client,
             self._manager_config,
             train_batch_size=self.settings.train_batch_size,
-            async_train_batch_size=self.admission.max_groups,
+            async_train_batch_size=self.settings.admission.max_groups,
             hooks=self._hooks,
             state=self._restored,
         )
@@ -93,7 +92,7 @@ class Collection:
             manager,
             self.top_up.next_batch,
             self.settings.gate,
-            admission=self.admission,
+            admission=self.settings.admission,
             steps_done=steps_done,
         ).start()
 
@@ -134,7 +133,9 @@ class Collection:
         collector = self.collector
         sampling = self.settings.dynamic_sampling
         keep = partial(keeps_group, settings=sampling) if sampling else None
-        max_examined = max_groups_examined(sampling, self.admission.groups_per_step) if sampling else None
+        max_examined = (
+            max_groups_examined(sampling, self.settings.admission.groups_per_step) if sampling else None
+        )
         requests_before = self.client.request_count
         collected, drain = self._with_gateway_open(
             step,
@@ -152,7 +153,7 @@ class Collection:
             metrics |= dynamic_sampling_metrics(
                 collected,
                 sampling,
-                gen_batch_size=self.admission.groups_per_step,
+                gen_batch_size=self.settings.admission.groups_per_step,
                 train_batch_size=self.settings.train_batch_size,
                 step=step,
             )
@@ -184,13 +185,13 @@ class Collection:
     def _open_gateway_for_admission(self) -> None:
         """In the sync modes, resume the gateway before groups are admitted: an agent that found it
         paused would wait out the drain's Retry-After (5 s) before its first call."""
-        if not self.admission.overlap:
+        if not self.settings.admission.overlap:
             self.client.resume()
 
     def _with_gateway_open(self, step: int, wait: Callable[[], _T]) -> tuple[_T, dict[str, float]]:
         """``wait``; in the sync modes with the gateway resumed for it, then paused and drained, so
         no model call spans the weight change that follows."""
-        if self.admission.overlap:
+        if self.settings.admission.overlap:
             return wait(), {}
         self.client.resume()
         result = wait()
