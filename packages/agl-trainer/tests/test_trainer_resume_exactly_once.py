@@ -14,7 +14,6 @@ skipped (a sample cut off a loader batch and lost at the resume would shift ever
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -128,6 +127,45 @@ def _wait_for(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) -
         time.sleep(0.2)
 
 
+def _latest_checkpoint(ckpt: Path) -> int | None:
+    """The step of the last checkpoint verl finished, or None (none yet, or its marker half written)."""
+    try:
+        return int((ckpt / "latest_checkpointed_iteration.txt").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _drew_after_a_finished_checkpoint(record: Path, ckpt: Path) -> bool:
+    """Whether the run drew a sample after beginning its last finished checkpoint (step 2 or later)."""
+    latest = _latest_checkpoint(ckpt)
+    return latest is not None and latest >= 2 and bool(_draws_after_checkpoint(record, latest))
+
+
+def _kill_when(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) -> None:
+    """SIGKILL ``child``'s process group at a moment ``done()`` holds.
+
+    The group is stopped (SIGSTOP) while ``done`` looks, so nothing the run writes can change
+    between the look and the kill: the kill lands in the state that was checked.
+    """
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        if child.poll() is not None:
+            raise AssertionError(
+                f"the trainer exited ({child.returncode}) before {what}:\n{log.read_text()[-4000:]}"
+            )
+        os.killpg(child.pid, signal.SIGSTOP)
+        if done():
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            return
+        os.killpg(child.pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise AssertionError(f"no {what} within {WAIT_S} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
 def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once(
     fresh_agl_server: AglServerProcess, tmp_path: Path
 ) -> None:
@@ -136,18 +174,14 @@ def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
         child = _start(overrides, first)
-        try:
-            _wait_for(
-                lambda: any(e.get("step", 0) >= 3 for e in _entries(first)),
-                "step 3",
-                child,
-                first.with_suffix(".log"),
-            )
-        finally:
-            with contextlib.suppress(ProcessLookupError):  # it may have failed on its own
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-        resumed_from = int((tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text())
+        _kill_when(
+            lambda: _drew_after_a_finished_checkpoint(first, tmp_path / "ckpt"),
+            "a draw after a finished checkpoint",
+            child,
+            first.with_suffix(".log"),
+        )
+        resumed_from = _latest_checkpoint(tmp_path / "ckpt")
+        assert resumed_from is not None
         child = _start(overrides, second)
         _wait_for(
             lambda: child.poll() is not None, "the resumed run's end", child, second.with_suffix(".log")
@@ -158,7 +192,6 @@ def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once
     trained = trained_before + trained_after
     held_then, cut_off_then = _state_at(tmp_path / "ckpt", resumed_from)
     held_at_end, _ = _state_at(tmp_path / "ckpt", STEPS)
-    assert resumed_from >= 2
     assert (sum(held_then.values()), len(cut_off_then)) == (5, 1)  # the resume carried both on
     assert sum(trained.values()) == STEPS * B
     # The resumed run draws on where the checkpoint left the loader (and its cut-off sample): what
