@@ -272,14 +272,22 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
     assert {0, 1, 2, 3} <= set(trained)
 
 
-def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_and_counted(
+def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_counted_and_their_sample_run_again(
     fresh_agl_server: AglServerProcess, upstream: HeldCompletions
 ) -> None:
     # Sample 0 runs while the gateway serves version 5 (a dead run's last publish, which a resumed
-    # run finds registered), the others once the run has published its own version 0 again.
+    # run finds registered), the others once the run has published its own version 0 again. The
+    # dropped group's sample is run again at version 0: it is trained once, not lost.
     samples = Samples()
     v0_served = threading.Event()
-    behaviour = _runs_after(v0_served, unless={0})
+    runs_after = _runs_after(v0_served, unless={0})
+    runs_of_sample_0: list[str] = []
+
+    def behaviour(rollout: dict[str, Any]) -> AgentBehaviour:
+        if rollout["input"]["x"] == 0:
+            runs_of_sample_0.append(rollout["rollout_id"])
+        return runs_after(rollout)
+
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
         FakeAgents(fresh_agl_server.url, behaviour=behaviour),
@@ -292,10 +300,17 @@ def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_and_co
         _publish(client, upstream, 0)
         v0_served.set()
         collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
-        taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
-    assert _xs(taken.groups) == [1, 2]
-    assert taken.metrics["training/async/dropped_future_version"] == 1.0
-    assert taken.metrics["training/async/dropped_stale"] == 0.0
+        first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
+        collector.step_done()
+        trained = _xs(first.groups)
+        while 0 not in trained:
+            trained += _xs(collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S).groups)
+            collector.step_done()
+    assert _xs(first.groups) == [1, 2]
+    assert first.metrics["training/async/dropped_future_version"] == 1.0
+    assert first.metrics["training/async/dropped_stale"] == 0.0
+    assert len(trained) == len(set(trained))
+    assert len(runs_of_sample_0) == 2 * N  # its group at version 5, then a fresh one at version 0
 
 
 def test_a_slow_hook_does_not_block_take(fresh_agl_server: AglServerProcess) -> None:

@@ -12,7 +12,8 @@ server and runs the hooks without it, so a slow hook or a slow server never bloc
 
 The bound on admission is not an age guarantee (a slow group can outlive it), so :meth:`take`
 passes every complete group through the :class:`StalenessGate`, drops groups whose calls were
-served by weights newer than the ones being trained (a dead run's, after a resume), and applies
+served by weights newer than the ones being trained (a dead run's, after a resume) and runs their
+samples again, and applies
 the caller's ``keep`` filter (dynamic sampling); a filtered or dropped group frees its place, so
 the thread admits another sample while the take waits.
 """
@@ -194,7 +195,7 @@ class GroupCollector:
 
         ``trained_version`` is the weight version the step trains (ages are measured against it).
         Over-age groups are dropped or requeued as the gate says, groups from newer weights are
-        dropped, and groups ``keep`` refuses are let go (the thread admits others meanwhile); after
+        dropped and their samples run again (fresh groups), and groups ``keep`` refuses are let go (the thread admits others meanwhile); after
         ``max_examined`` groups the take returns what it kept. Raises :class:`CollectorError` when
         the thread failed and ``TimeoutError`` after ``timeout_s`` without enough groups.
         """
@@ -210,6 +211,8 @@ class GroupCollector:
                         break
                     self._ready.remove(group)
                     if is_ahead(group, trained_version):
+                        # Weights this run never had served it: its sample runs again, as a fresh group.
+                        self._to_requeue.append((group, self._steps_done + 1))
                         ahead += 1
                         self._warn_ahead(group, trained_version)
                     elif self.gate.is_stale(group, trained_version):
@@ -368,7 +371,7 @@ class GroupCollector:
         span = group.version_span()
         logger.warning(
             "group %s has model calls served by weight version %s, newer than the trained v%d "
-            "(weights of an earlier run that died after publishing them): dropped",
+            "(weights of an earlier run that died after publishing them): dropped, its sample runs again",
             group.data_id,
             span[1] if span else None,
             trained_version,
