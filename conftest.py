@@ -16,4 +16,5 @@ pytest_plugins = (
     "agl_testing.ci_gate",
     "agl_testing.ray_cluster",
     "agl_testing.run_once",
+    "agl_testing.vllm_server",
 )

