@@ -41,6 +41,7 @@ from agl_trainer import run_ppo
 from agl_trainer.assembly import compose_config
 from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.serving.weights import ReplacesServedWeights
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
@@ -53,7 +54,7 @@ HOLD_AFTER_PAUSE_S = 1.0
 
 
 @dataclass
-class RecordingPusher:
+class RecordingPusher(ReplacesServedWeights):
     """A weight pusher that pushes nowhere and records, at each call, the gateway's in-flight count."""
 
     server: AglServerProcess

@@ -6,9 +6,12 @@ serves every test; the tiny model is built in a temporary folder.
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from peft import PeftModel
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from verl import DataProto
 
@@ -78,9 +81,17 @@ def rollout_batch() -> DataProto:
     )
 
 
+def hf_model(model_path: Path) -> Any:
+    return AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa", dtype=torch.float32)
+
+
 def hf_log_probs(model_path: Path, batch: DataProto) -> torch.Tensor:
     """Log-probs of the response tokens under the HF model at ``model_path``, (B, R), 0 on padding."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, attn_implementation="sdpa", dtype=torch.float32)
+    return model_log_probs(hf_model(model_path), batch)
+
+
+def model_log_probs(model: Any, batch: DataProto) -> torch.Tensor:
+    """Log-probs of the response tokens under ``model`` (transformers or PEFT), (B, R), 0 on padding."""
     with torch.no_grad():
         logits = model(
             input_ids=batch.batch["input_ids"],
@@ -97,13 +108,18 @@ def before_update(policy: PolicyWorkers) -> DataProto:
     return policy.compute_log_prob(rollout_batch())
 
 
-@pytest.fixture(scope="module")
-def update_metrics(policy: PolicyWorkers, before_update: DataProto) -> dict[str, list[float]]:
+def update(policy: PolicyWorkers, before: DataProto) -> dict[str, list[float]]:
+    """One update of ``policy`` on :func:`rollout_batch` with :data:`ADVANTAGES` (``before``: its old log-probs)."""
     batch = rollout_batch()
-    batch = batch.union(before_update).union(policy.compute_ref_log_prob(batch))
+    batch = batch.union(before).union(policy.compute_ref_log_prob(batch))
     batch.batch["advantages"] = torch.tensor(ADVANTAGES).unsqueeze(-1) * batch.batch["response_mask"]
     batch.batch["rollout_index"] = torch.tensor([0, 0, 1, 1])
     return policy.update_actor(batch)
+
+
+@pytest.fixture(scope="module")
+def update_metrics(policy: PolicyWorkers, before_update: DataProto) -> dict[str, list[float]]:
+    return update(policy, before_update)
 
 
 def test_workers_resolve_gspo_per_rollout_to_the_agl_algos_loss(policy: PolicyWorkers) -> None:
@@ -166,3 +182,32 @@ def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
     mask = rollout_batch().batch["response_mask"]
     actor = policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
     torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def lora_policy(model_path: Path, ray_cluster: None) -> Iterator[PolicyWorkers]:
+    lora = [
+        "actor_rollout_ref.model.lora_rank=8",
+        "actor_rollout_ref.model.lora_alpha=16",
+        "actor_rollout_ref.model.target_modules=all-linear",
+    ]
+    workers = build_policy_workers(compose_verl_config([*tiny_overrides(model_path), *lora]))
+    yield workers
+    workers.shutdown()
+
+
+def test_a_lora_actor_trains_its_adapter_alone_and_the_saved_adapter_reproduces_it(
+    lora_policy: PolicyWorkers, model_path: Path, tmp_path: Path
+) -> None:
+    mask = rollout_batch().batch["response_mask"]
+    before = lora_policy.compute_log_prob(rollout_batch())
+    update(lora_policy, before)
+    saved = lora_policy.save_lora_adapter(tmp_path / "adapter")
+    after = lora_policy.compute_log_prob(rollout_batch()).batch["old_log_probs"] * mask
+    tensors = load_file(saved / "adapter_model.safetensors")
+    assert {item.name for item in saved.iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    assert all(name.endswith((".lora_A.weight", ".lora_B.weight")) for name in tensors)
+    assert (after - before.batch["old_log_probs"] * mask).abs().max() > 1e-2  # the update moved the actor
+    # The model it started from plus the saved adapter is the actor: only the adapter trained.
+    with_adapter = PeftModel.from_pretrained(hf_model(model_path), saved)
+    torch.testing.assert_close(model_log_probs(with_adapter, rollout_batch()), after, atol=1e-4, rtol=1e-4)

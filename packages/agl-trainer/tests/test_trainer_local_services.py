@@ -45,7 +45,7 @@ def test_agl_server_argv_refuses_values_hydra_would_misparse(bad: str) -> None:
         agl_server_argv(Path("python"), port=1, model_name=bad)
 
 
-def test_vllm_argv_is_eager_float32_openai_server_through_the_child_module() -> None:
+def test_vllm_argv_is_eager_float32_openai_server_through_the_child_module_with_the_adapter_route() -> None:
     argv = vllm_argv(Path("/v/bin/python"), model_path=Path("/m"), port=9000, served_model_name="p")
     assert argv == [
         "/v/bin/python",
@@ -68,14 +68,49 @@ def test_vllm_argv_is_eager_float32_openai_server_through_the_child_module() -> 
         "processed_logprobs",
         "--override-generation-config",
         '{"max_new_tokens": 512}',
+        "--middleware",
+        "agl_adapter_route.AdapterRoute",
     ]
 
 
-def test_vllm_env_enables_dev_mode_small_kv_cache_no_network_and_only_the_child_module_path() -> None:
+@pytest.mark.parametrize(
+    ("lora_rank", "max_lora_rank"), [(1, "1"), (4, "8"), (8, "8"), (12, "16"), (512, "512")]
+)
+def test_vllm_argv_with_lora_enables_two_adapters_per_batch_at_the_next_rank_vllm_accepts(
+    lora_rank: int, max_lora_rank: str
+) -> None:
+    argv = vllm_argv(
+        Path("/v/bin/python"), model_path=Path("/m"), port=9000, served_model_name="p", lora_rank=lora_rank
+    )
+    assert argv[-7:] == [
+        "--enable-lora",
+        "--max-lora-rank",
+        max_lora_rank,
+        "--max-loras",
+        "2",
+        "--max-cpu-loras",
+        "4",
+    ]
+
+
+def test_vllm_argv_refuses_a_lora_rank_above_what_vllm_accepts_naming_the_key() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"actor_rollout_ref.model.lora_rank=513 is above vLLM's largest max_lora_rank \(512\)",
+    ):
+        vllm_argv(
+            Path("/v/bin/python"), model_path=Path("/m"), port=9000, served_model_name="p", lora_rank=513
+        )
+
+
+def test_vllm_env_enables_dev_mode_runtime_lora_small_kv_cache_no_network_and_only_the_child_module_path() -> (
+    None
+):
     env = vllm_env(kv_cache_gib=2, base={"PATH": "/bin", "VIRTUAL_ENV": "/trainer/.venv", "PYTHONPATH": "/x"})
     assert env == {
         "PATH": "/bin",
         "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_NO_USAGE_STATS": "1",

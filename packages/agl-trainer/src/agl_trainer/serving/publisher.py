@@ -5,7 +5,9 @@ model calls in flight finish (recorded with the version that served them), the w
 pushed, the registrations move to the new version, and in the fully-async mode the gateway
 resumes (the sync modes resume it when the next step starts). No call spans two versions. A push
 that fails removes the registrations first, so no endpoint that took the new weights serves
-calls recorded under the old version; the error names the endpoint.
+calls recorded under the old version; the error names the endpoint. A pusher that loads each
+version beside the previous one (LoRA adapters, :mod:`agl_trainer.serving.lora`) needs no pause:
+the registrations move to the new version's route, and calls in flight finish on the old one.
 """
 
 from __future__ import annotations
@@ -45,15 +47,12 @@ class Publisher:
         """Serve ``version``; nothing to do when it is already served (a step that trained nothing)."""
         if self.published == version:
             return {}
+        if not self.pusher.pauses:
+            return self._publish_beside(workers, version)
         started = time.perf_counter()
         # Agents asking meanwhile retry after 1 s (the gateway's smallest Retry-After): a reload is short.
         drain = self.drain(self.client, f"publish weights v{version}", retry_after_seconds=1)
-        try:
-            metrics = self.pusher.push(workers, version)
-        except BaseException:
-            self.client.delete_models()
-            raise
-        self.published = version
+        metrics = self._push(workers, version)
         self.client.register_models(model_registrations(self.model_name, self.endpoints, version=version))
         if self.resume:
             self.client.resume()
@@ -64,6 +63,40 @@ class Publisher:
             **drain,
             "training/async/gateway_paused_seconds": time.perf_counter() - started,
         }
+
+    def _publish_beside(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        """Load ``version`` beside the served one, then move the registrations to its routes.
+
+        The gateway can only replace a set of endpoints by deleting them all first; in the fully-async
+        mode it is paused for that one round trip (no drain: calls in flight finish on the old route),
+        so no agent meets a gateway without servers. The sync modes' gateway is paused already.
+        """
+        metrics = self._push(workers, version)
+        routes = model_registrations(
+            self.model_name,
+            [self.pusher.route(endpoint, version) for endpoint in self.endpoints],
+            version=version,
+        )
+        started = time.perf_counter()
+        if self.resume:
+            self.client.pause(f"register weights v{version}", retry_after_seconds=1)
+        self.client.register_models(routes)
+        if self.resume:
+            self.client.resume()
+        return {
+            **metrics,
+            "training/async/gateway_paused_seconds": time.perf_counter() - started if self.resume else 0.0,
+        }
+
+    def _push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        """The pusher's push; a failed one leaves no registration (no endpoint serves under a wrong version)."""
+        try:
+            metrics = self.pusher.push(workers, version)
+        except BaseException:
+            self.client.delete_models()
+            raise
+        self.published = version
+        return metrics
 
 
 __all__ = ("Publisher",)

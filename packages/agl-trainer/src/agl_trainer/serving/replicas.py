@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from agl_trainer.serving.weights import ReplacesServedWeights
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 
-class VerlReplicas:
+class VerlReplicas(ReplacesServedWeights):
     """verl's vLLM replicas and the checkpoint engine that moves the actor's weights into them.
 
     Also the trainer's weight pusher on this path: :meth:`release` puts the replicas to sleep

@@ -23,6 +23,12 @@ _RESET_ATTEMPTS = 20
 _RESET_RETRY_SECONDS = 0.25
 
 
+def server_root(endpoint: str) -> str:
+    """``http://host:port/v1`` → ``http://host:port`` (vLLM's admin routes live at the root)."""
+    trimmed = endpoint.rstrip("/")
+    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
+
+
 class VllmClient:
     """Reload, cache reset and probe scoring against one vLLM server root URL."""
 
@@ -56,6 +62,35 @@ class VllmClient:
             f"{self.url}/reset_prefix_cache kept answering success=false (requests still running); "
             "pause the gateway and drain in-flight requests before pushing weights"
         )
+
+    def load_lora_adapter(self, name: str, adapter_path: Path) -> None:
+        """Load the PEFT adapter folder ``adapter_path`` under ``name`` (replacing one of that name)."""
+        body = {"lora_name": name, "lora_path": str(adapter_path), "load_inplace": True}
+        response = self._http.post("/v1/load_lora_adapter", json=body)
+        if response.status_code == 404:
+            raise WeightPushError(
+                f"{self.url}/v1/load_lora_adapter is missing: start vLLM with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 "
+                "and --enable-lora --max-lora-rank R (R >= actor_rollout_ref.model.lora_rank) to serve LoRA adapters"
+            )
+        if response.status_code != 200:
+            raise WeightPushError(
+                f"{self.url} refused the LoRA adapter {adapter_path} (HTTP {response.status_code}): "
+                f"{response.text[:2000]}{_lora_hint(response.text)}"
+            )
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload the adapter ``name``; one the server does not have is no error."""
+        response = self._http.post("/v1/unload_lora_adapter", json={"lora_name": name})
+        if response.status_code not in (200, 404) and "not found" not in response.text.lower():
+            raise WeightPushError(
+                f"{self.url} could not unload the LoRA adapter {name} (HTTP {response.status_code}): {response.text[:2000]}"
+            )
+
+    def lora_adapters(self) -> list[str]:
+        """The names of the LoRA adapters the server has loaded."""
+        response = self._http.get("/v1/models")
+        response.raise_for_status()
+        return [entry["id"] for entry in response.json()["data"] if entry.get("parent")]
 
     def serve_weights(self, weights_path: Path) -> None:
         """Reload ``weights_path`` and drop the KV cache of the old weights, without checking the result."""
@@ -123,3 +158,16 @@ class VllmClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _lora_hint(answer: str) -> str:
+    """What to change, for vLLM's answers that a LoRA config cannot be served."""
+    lowered = answer.lower()
+    if "max_lora_rank" in lowered or "lora rank" in lowered:
+        return (
+            "; actor_rollout_ref.model.lora_rank is above the server's --max-lora-rank: lower the rank "
+            "or restart vLLM with a larger --max-lora-rank"
+        )
+    if "lora is not enabled" in lowered or "enable_lora" in lowered or "enable-lora" in lowered:
+        return "; start vLLM with --enable-lora --max-lora-rank R to serve LoRA adapters"
+    return ""

@@ -16,7 +16,7 @@ import httpx
 import torch
 
 from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
-from agl_trainer.serving.vllm_client import VllmClient
+from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 _PROBE_IDS = tuple(range(1, 9))
@@ -27,8 +27,17 @@ class WeightPusher(Protocol):
 
     The trainer calls :meth:`release` before a step's training computations and :meth:`push`
     after them (and once before the first step), whether or not the actor changed: both are
-    no-ops when there is nothing to do.
+    no-ops when there is nothing to do. ``pauses``: a push needs the gateway paused and its calls
+    drained (one that replaces the weights a call is using); :meth:`route` is the URL the gateway
+    registers for an endpoint at a version.
     """
+
+    @property
+    def pauses(self) -> bool: ...
+
+    def route(self, endpoint: str, version: int) -> str:
+        """The OpenAI base URL the gateway sends ``version``'s calls to on ``endpoint``'s server."""
+        ...
 
     def release(self) -> None:
         """Free what the servers hold on the training devices (verl's replicas sleep)."""
@@ -39,7 +48,17 @@ class WeightPusher(Protocol):
         ...
 
 
-class NoWeightPush:
+class ReplacesServedWeights:
+    """What a pusher that replaces the served weights in place shares: every push pauses the
+    gateway and drains its calls, and the gateway keeps routing to the endpoints as they are."""
+
+    pauses = True
+
+    def route(self, endpoint: str, version: int) -> str:
+        return endpoint
+
+
+class NoWeightPush(ReplacesServedWeights):
     """For servers that need no push (e.g. a test's stand-in server)."""
 
     def release(self) -> None:
@@ -49,7 +68,7 @@ class NoWeightPush:
         return {}
 
 
-class ExternalVllmPush:
+class ExternalVllmPush(ReplacesServedWeights):
     """Save HF weights to ``weights_dir/step_<version>`` and reload them on every vLLM server.
 
     Only the newest folder is kept: once every server has reloaded, older ones are removed. The
@@ -84,7 +103,7 @@ class ExternalVllmPush:
         unverified = False
         for endpoint in self.endpoints:
             try:
-                with VllmClient(_server_root(endpoint), self.model) as client:
+                with VllmClient(server_root(endpoint), self.model) as client:
                     # push_weights fails loudly when the served log-probs of the probe did not change.
                     client.push_weights(target, _PROBE_IDS)
             except UnchangedWeightsError:
@@ -128,10 +147,4 @@ def same_tensors(left: Path, right: Path) -> bool:
     return all(a[k].shape == b[k].shape and torch.equal(a[k].double(), b[k].double()) for k in a)
 
 
-def _server_root(endpoint: str) -> str:
-    """``http://host:port/v1`` → ``http://host:port`` (vLLM's admin routes live at the root)."""
-    trimmed = endpoint.rstrip("/")
-    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
-
-
-__all__ = ("ExternalVllmPush", "NoWeightPush", "WeightPusher", "same_tensors")
+__all__ = ("ExternalVllmPush", "NoWeightPush", "ReplacesServedWeights", "WeightPusher", "same_tensors")

@@ -8,7 +8,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from agl_trainer.serving.drain import Drain
-from agl_trainer.settings.values import positive, select, text
+from agl_trainer.settings.values import integer, positive, select, text
+
+LORA_RANK_KEY = "actor_rollout_ref.model.lora_rank"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,7 +19,8 @@ class ServerSettings:
 
     ``endpoints`` empty means verl's own vLLM replicas serve the agents (:attr:`uses_verl_replicas`).
     ``initial_weights`` is the model folder the servers start from (None for a hub name): a push of
-    weights identical to it is recognised, not reported as an ignored reload.
+    weights identical to it is recognised, not reported as an ignored reload. ``lora_rank`` > 0:
+    the actor trains a LoRA adapter, and external servers get the adapter alone.
     """
 
     base_url: str
@@ -26,6 +29,7 @@ class ServerSettings:
     endpoints: tuple[str, ...]
     weights_dir: Path | None
     initial_weights: Path | None
+    lora_rank: int
     drain: Drain
 
     @property
@@ -52,6 +56,7 @@ def parse_server(config: DictConfig) -> ServerSettings:
         endpoints=tuple(str(endpoint) for endpoint in endpoints),
         weights_dir=Path(weights_dir) if weights_dir else None,
         initial_weights=Path(model_path) if Path(model_path).is_dir() else None,
+        lora_rank=integer(LORA_RANK_KEY, select(config, LORA_RANK_KEY, 0), minimum=0),
         drain=Drain(
             positive(
                 "agentlightning.drain_timeout_seconds",
@@ -65,4 +70,4 @@ def parse_server(config: DictConfig) -> ServerSettings:
     )
 
 
-__all__ = ("ServerSettings", "gateway_model_name", "parse_server")
+__all__ = ("LORA_RANK_KEY", "ServerSettings", "gateway_model_name", "parse_server")

@@ -69,6 +69,48 @@ class AglActorRefWorker(ActorRolloutRefWorker):
         return count
 
     @register(dispatch_mode=_ONE_TO_ALL)
+    def save_lora_adapter(self, path: str) -> int:
+        """Save the actor's LoRA adapter as a PEFT folder at ``path``; return the tensor count.
+
+        ``adapter_model.safetensors`` holds the adapter's tensors under PEFT's names (the adapter's
+        own name left out), ``adapter_config.json`` its rank, alpha and target modules: what PEFT
+        and vLLM's runtime LoRA loading read. Every rank gathers its shards; rank 0 writes.
+        """
+        if self.actor is None:
+            raise RuntimeError(
+                "save_lora_adapter needs role 'actor'; this worker has role " + repr(self.role)
+            )
+        from peft.utils.save_and_load import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        engine: Any = self.actor.engine  # verl's FSDP engine (its base class does not declare the module)
+        module = engine.module
+        peft_model = getattr(module, "_fsdp_wrapped_module", module)
+        if not hasattr(peft_model, "peft_config"):
+            raise RuntimeError("the actor has no LoRA adapter: set actor_rollout_ref.model.lora_rank > 0")
+        gathered = {
+            name: (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+            .detach()
+            .to("cpu")
+            .contiguous()
+            for name, tensor in module.state_dict().items()
+            if "lora_" in name
+        }
+        if torch.distributed.get_rank() == 0:
+            target = Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            peft_model.peft_config["default"].save_pretrained(str(target))
+            partial = target / "adapter_model.safetensors.partial"
+            save_file(
+                get_peft_model_state_dict(peft_model, state_dict=gathered),
+                str(partial),
+                metadata={"format": "pt"},
+            )
+            os.replace(partial, target / "adapter_model.safetensors")
+        torch.distributed.barrier()
+        return len(gathered)
+
+    @register(dispatch_mode=_ONE_TO_ALL)
     def describe_policy_loss(self) -> str:
         """``module.qualname`` of the policy-loss function this worker's verl resolves for its config.
 

@@ -262,6 +262,11 @@ class PolicyWorkers:
         self.actor.save_hf_weights(str(path))
         return Path(path)
 
+    def save_lora_adapter(self, path: str | os.PathLike[str]) -> Path:
+        """Save the actor's LoRA adapter as a PEFT folder at ``path`` and return it."""
+        self.actor.save_lora_adapter(str(path))
+        return Path(path)
+
     def describe_policy_loss(self) -> list[str]:
         """Per rank, ``module.qualname`` of the policy-loss function the actor workers resolve."""
         return list(self.actor.describe_policy_loss())

@@ -1,0 +1,97 @@
+"""Adapter-only weight pushes to external vLLM servers, for an actor that trains a LoRA adapter.
+
+Each version is the actor's adapter alone (``actor_rollout_ref.model.lora_rank > 0``), saved as a
+PEFT folder under ``weights_dir/adapter_<version>`` and loaded on every server under the name
+``<model>-v<version>`` through vLLM's runtime LoRA loading. The gateway sends every call under one
+model name, so each adapter gets a URL of its own (the ``agl_adapter_route`` middleware of the
+servers): the publisher registers that URL at the new version. Calls already running finish on
+the adapter they started with and new ones go to the new URL, so a push needs no pause. The
+adapter two versions back is unloaded: no call of a live run is that old.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.vllm_client import VllmClient, server_root
+from agl_trainer.verl_glue.workers import PolicyWorkers
+
+ADAPTERS_KEPT = 2
+"""Adapters a server keeps loaded: the version being served and the one whose calls are finishing."""
+
+
+def adapter_name(model: str, version: int) -> str:
+    """The name weight version ``version``'s adapter is loaded under."""
+    return f"{model}-v{version}"
+
+
+def adapter_route(endpoint: str, name: str) -> str:
+    """The OpenAI base URL at which ``endpoint``'s server answers with the adapter ``name``."""
+    return f"{server_root(endpoint)}/agl/adapters/{name}/v1"
+
+
+class ExternalLoraPush:
+    """Save the actor's adapter and load it on every server under its version's name."""
+
+    pauses = False
+    """Calls in flight finish on their adapter: the gateway stays open during a push."""
+
+    def __init__(self, endpoints: Sequence[str], model: str, weights_dir: Path) -> None:
+        self.endpoints = tuple(endpoints)
+        self.model = model
+        self.weights_dir = Path(weights_dir)
+        self.served_version: int | None = None
+        self._loaded: list[int] = []
+
+    def release(self) -> None:
+        return None  # the servers run on their own devices
+
+    def route(self, endpoint: str, version: int) -> str:
+        return adapter_route(endpoint, adapter_name(self.model, version))
+
+    def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        """Load ``version``'s adapter on every server (the first push also unloads what a run before
+        this one left loaded); unload the adapters older than the last :data:`ADAPTERS_KEPT`."""
+        if version == self.served_version:
+            return {"training/weight_version": float(version)}
+        target = workers.save_lora_adapter(self.weights_dir / f"adapter_{version}")
+        name = adapter_name(self.model, version)
+        first = self.served_version is None
+        for endpoint in self.endpoints:
+            try:
+                with VllmClient(server_root(endpoint), self.model) as client:
+                    client.load_lora_adapter(name, target)
+                    stale = client.lora_adapters() if first else []
+                    for other in stale:
+                        if other != name and other.startswith(f"{self.model}-v"):
+                            client.unload_lora_adapter(other)
+            except httpx.HTTPError as exc:
+                raise WeightPushError(
+                    f"could not push the LoRA adapter of version {version} ({target}) to the vLLM server at "
+                    f"{endpoint}: {exc!r}; check agentlightning.external_servers.endpoints"
+                ) from exc
+            except WeightPushError as exc:
+                raise WeightPushError(f"{endpoint}: {exc}") from exc
+        self._loaded.append(version)
+        self.served_version = version
+        self._unload_old()
+        return {
+            "training/weight_version": float(version),
+            "training/weight_push_bytes": float(sum(f.stat().st_size for f in target.iterdir())),
+        }
+
+    def _unload_old(self) -> None:
+        while len(self._loaded) > ADAPTERS_KEPT:
+            old = self._loaded.pop(0)
+            for endpoint in self.endpoints:
+                with VllmClient(server_root(endpoint), self.model) as client:
+                    client.unload_lora_adapter(adapter_name(self.model, old))
+            shutil.rmtree(self.weights_dir / f"adapter_{old}", ignore_errors=True)
+
+
+__all__ = ("ADAPTERS_KEPT", "ExternalLoraPush", "adapter_name", "adapter_route")

@@ -1,0 +1,98 @@
+"""The vLLM middleware that gives each LoRA adapter a URL, driven as the ASGI server drives it.
+
+The app behind it records what it received; the real vLLM behind it is exercised in
+``test_trainer_lora_on_vllm_cpu.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agl_trainer.local.services import VLLM_CHILD_PATH
+
+
+def _route_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "agl_adapter_route", VLLM_CHILD_PATH / "agl_adapter_route.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class RecordingApp:
+    """An ASGI app that keeps the scope and the whole body it received, and answers 200."""
+
+    def __init__(self) -> None:
+        self.scope: dict[str, Any] = {}
+        self.body = b""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.scope = dict(scope)
+        while True:
+            message = await receive()
+            self.body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _call(path: str, chunks: list[bytes]) -> tuple[RecordingApp, list[dict[str, Any]]]:
+    """POST ``chunks`` (the body, in pieces) to ``path`` through the middleware; the app and what was sent."""
+    app = RecordingApp()
+    route = _route_module().AdapterRoute(app)
+    pending = [
+        {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+        for i, chunk in enumerate(chunks)
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return pending.pop(0) if pending else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    length = str(sum(len(c) for c in chunks)).encode()
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": path,
+        "raw_path": path.encode(),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", length)],
+    }
+    asyncio.run(route(scope, receive, send))
+    return app, sent
+
+
+def test_an_adapter_url_is_served_as_the_v1_route_with_the_adapter_as_model() -> None:
+    body = json.dumps({"model": "agl-model", "prompt": [1, 2], "max_tokens": 2}).encode()
+    app, sent = _call("/agl/adapters/agl-model-v3/v1/completions", [body[:7], body[7:]])
+    assert (app.scope["path"], app.scope["raw_path"]) == ("/v1/completions", b"/v1/completions")
+    assert json.loads(app.body) == {"model": "agl-model-v3", "prompt": [1, 2], "max_tokens": 2}
+    assert dict(app.scope["headers"])[b"content-length"] == str(len(app.body)).encode()
+    assert sent[0]["status"] == 200
+
+
+def test_a_request_outside_the_prefix_passes_unchanged() -> None:
+    body = json.dumps({"model": "agl-model", "prompt": [1]}).encode()
+    app, _ = _call("/v1/completions", [body])
+    assert (app.scope["path"], app.body) == ("/v1/completions", body)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [("/agl/adapters//v1/completions", b"{}"), ("/agl/adapters/a/v1/completions", b"[1]")]
+)
+def test_an_adapter_url_without_a_name_or_a_json_object_is_a_bad_request(path: str, body: bytes) -> None:
+    app, sent = _call(path, [body])
+    assert app.scope == {}
+    assert sent[0]["status"] == 400
+    assert b"/agl/adapters/<name>/<route>" in sent[1]["body"]
