@@ -17,7 +17,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 from verl import DataProto
 
+from agl_testing.agl_server import TEST_MODEL_NAME
 from agl_testing.requirements import missing_requirement
+from agl_testing.vllm_server import ServedTinyModel
 from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec
 from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.serving.errors import WeightPushError
@@ -156,3 +158,15 @@ def test_an_adapter_of_a_rank_above_the_servers_max_lora_rank_is_refused_naming_
     with VllmClient(vllm.url, SERVED) as client, pytest.raises(WeightPushError) as raised:
         client.load_lora_adapter("too-wide", tmp_path / "adapter")
     assert "actor_rollout_ref.model.lora_rank is above the server's --max-lora-rank" in str(raised.value)
+
+
+def test_a_server_without_lora_enabled_is_refused_at_the_start_up_push_naming_the_flags(
+    tiny_vllm: ServedTinyModel, actor: PolicyWorkers, tmp_path: Path
+) -> None:
+    # The trainer publishes version 0 before anything else: a LoRA run's first push loads the
+    # untrained adapter, so a server that cannot serve adapters is found at start-up.
+    pusher = ExternalLoraPush([tiny_vllm.vllm.openai_url], TEST_MODEL_NAME, tmp_path / "weights")
+    with pytest.raises(WeightPushError) as raised:
+        pusher.push(actor, 0)
+    assert tiny_vllm.vllm.openai_url in str(raised.value)
+    assert "--enable-lora" in str(raised.value)

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 GPU_ROLLOUT_BACKENDS = ("vllm", "sglang", "trtllm")
 """verl's rollout backends, all of which need GPUs."""
@@ -22,8 +24,44 @@ def check_verl_keys(
         _check_logprobs_mode(config)
         _check_replica_model_name(config, model_name)
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
+    if int(OmegaConf.select(config, "actor_rollout_ref.model.lora_rank", default=0) or 0) > 0:
+        _check_lora_target_modules(config)
     if routing_replay_key is not None:
         _check_router_replay(config, routing_replay_key)
+
+
+def _check_lora_target_modules(config: DictConfig) -> None:
+    """Each of ``actor_rollout_ref.model.target_modules`` must name layers of the model (PEFT's rule: a
+    list entry is a name or a dotted suffix, a string other than ``all-linear`` a regular expression
+    over full names). verl finds out inside its workers, with PEFT's error in a Ray traceback. A model
+    that is not a local folder is left to verl (its config cannot be read offline)."""
+    model_path = Path(str(config.actor_rollout_ref.model.path))
+    targets: Any = OmegaConf.select(config, "actor_rollout_ref.model.target_modules", default="all-linear")
+    if isinstance(targets, ListConfig):
+        targets = [str(target) for target in targets]
+    if targets == "all-linear" or not (model_path / "config.json").is_file():
+        return
+    names = _linear_layer_names(model_path)
+    if isinstance(targets, str):
+        missing = [] if any(re.fullmatch(targets, name) for name in names) else [targets]
+    else:
+        missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        leaves = sorted({name.rsplit(".", 1)[-1] for name in names})
+        raise ValueError(
+            f"actor_rollout_ref.model.target_modules names {missing}, which the model at {model_path} does not "
+            f"have; its linear layers are {leaves} (or use all-linear)"
+        )
+
+
+def _linear_layer_names(model_path: Path) -> list[str]:
+    """Full names of the model's linear layers, from its config alone (built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
 def _check_replicas_can_run_on_device(config: DictConfig) -> None:
