@@ -18,6 +18,8 @@ without and with LoRA; printed: ``training/async/gateway_paused_seconds`` per st
 
     uv run --no-sync python benchmarks/bench_push.py [--sizes tiny,0.5b] [--pushes 3] [--embedded-steps 6]
 
+``--sizes ''`` runs part 2 alone.
+
 Goal: an adapter push takes <= 0.1x the full push's time at 0.5B, and the paused seconds are 0.
 """
 
@@ -145,12 +147,10 @@ def bench_size(size: str, pushes: int, root: Path) -> dict[str, float]:
 
 
 def paused_seconds(metrics_file: Path) -> list[float]:
-    rows = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    return [
-        float(r["training/async/gateway_paused_seconds"])
-        for r in rows
-        if "training/async/gateway_paused_seconds" in r
-    ]
+    """Each step's ``training/async/gateway_paused_seconds`` in a run's metrics.jsonl (verl's file logger)."""
+    key = "training/async/gateway_paused_seconds"
+    rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines() if line.strip()]
+    return [float(r[key]) for r in rows if key in r]
 
 
 def main() -> None:
@@ -163,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.gettempdir()) / "agl-bench-push"
     root.mkdir(exist_ok=True)
-    rows = {size: bench_size(size, args.pushes, root) for size in args.sizes.split(",")}
+    rows = {size: bench_size(size, args.pushes, root) for size in args.sizes.split(",") if size}
     print(f"{'model':6} {'full MB':>9} {'adapter MB':>11} {'full s':>8} {'adapter s':>10} {'time ratio':>11}")
     for size, r in rows.items():
         print(
