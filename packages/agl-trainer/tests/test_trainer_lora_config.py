@@ -69,6 +69,22 @@ def test_target_modules_the_model_has_are_accepted(model: Path, targets: str) ->
     )
 
 
+def test_a_model_transformers_cannot_build_from_its_config_is_left_to_verls_own_check(tmp_path: Path) -> None:
+    # A model type this transformers does not know (remote code, say): the layers cannot be listed,
+    # so even a target no model has passes here; verl's workers check it when they load the model.
+    (tmp_path / "config.json").write_text('{"model_type": "agl-unknown-architecture"}')
+    parse_settings(
+        compose_config(
+            [
+                f"actor_rollout_ref.model.path={tmp_path}",
+                *LORA,
+                "actor_rollout_ref.model.target_modules=[qkv_proj]",
+                *EXTERNAL,
+            ]
+        )
+    )
+
+
 def test_external_servers_get_the_adapter_alone_with_lora_and_the_full_weights_without(
     model: Path, tmp_path: Path
 ) -> None:

@@ -42,6 +42,8 @@ def _check_lora_target_modules(config: DictConfig) -> None:
     if targets == "all-linear" or not (model_path / "config.json").is_file():
         return
     names = _linear_layer_names(model_path)
+    if not names:
+        return
     if isinstance(targets, str):
         missing = [] if any(re.fullmatch(targets, name) for name in names) else [targets]
     else:
@@ -55,12 +57,17 @@ def _check_lora_target_modules(config: DictConfig) -> None:
 
 
 def _linear_layer_names(model_path: Path) -> list[str]:
-    """Full names of the model's linear layers, from its config alone (built on the meta device)."""
+    """Full names of the model's linear layers, from its config alone (built on the meta device);
+    none when transformers cannot build it as a causal LM that way (a vision-language model, remote
+    code): verl's own check then applies."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    except (ValueError, OSError, ImportError, KeyError):
+        return []
     return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
