@@ -166,6 +166,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         all three for such a step). ``agentlightning.max_empty_steps`` empty steps in a row stop the run."""
         loop = self.settings.loop
         tracker = Tracking(loop.project_name, loop.experiment_name, list(loop.loggers), config=None)
+        progress: tqdm[Any] | None = None
         try:
             self.global_steps = 0
             self._load_checkpoint()
@@ -202,11 +203,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
                         f"above); stopping ({MAX_EMPTY_STEPS_KEY}={loop.max_empty_steps}, null never stops)"
                     )
                 self.global_steps += 1
-            progress.close()
         except BaseException:
             tracker.finish(exit_code=1)
             raise
         finally:
+            if progress is not None:
+                progress.close()  # ends the bar's line: what is printed next (Ctrl-C's line) starts its own
             self.collection.stop()
         tracker.finish(exit_code=0)
 
