@@ -221,8 +221,13 @@ def test_a_run_whose_rollouts_all_fail_warns_each_step_and_stops_after_max_empty
     server = AglServerProcess()
     server.start()
     upstream = HeldCompletions().start()
+    # verl's file logger without VERL_FILE_LOGGER_PATH would write into the working directory.
+    logged = [
+        o for o in _overrides(model_path, server, upstream, tmp_path) if not o.startswith("trainer.logger=")
+    ]
     overrides = [
-        *_overrides(model_path, server, upstream, tmp_path),
+        *logged,
+        "trainer.logger=[console]",
         "trainer.total_training_steps=5",
         "trainer.test_freq=0",
         "agentlightning.max_empty_steps=2",
