@@ -15,16 +15,22 @@ PROCESSED_LOGPROBS = "processed_logprobs"
 
 
 def check_verl_keys(
-    config: DictConfig, *, uses_verl_replicas: bool, model_name: str, routing_replay_key: str | None
+    config: DictConfig,
+    *,
+    uses_verl_replicas: bool,
+    model_name: str,
+    routing_replay_key: str | None,
+    lora_rank: int,
 ) -> None:
-    """Every check below that applies; ``model_name`` is the gateway's model name."""
+    """Every check below that applies; ``model_name`` is the gateway's model name, ``lora_rank`` the
+    parsed ``actor_rollout_ref.model.lora_rank``."""
     if uses_verl_replicas:
         _check_replicas_can_run_on_device(config)
         _check_replica_parallelism(config)
         _check_logprobs_mode(config)
         _check_replica_model_name(config, model_name)
     _check_loss_mode_registered(str(config.actor_rollout_ref.actor.policy_loss.loss_mode))
-    if int(OmegaConf.select(config, "actor_rollout_ref.model.lora_rank", default=0) or 0) > 0:
+    if lora_rank > 0:
         _check_lora_target_modules(config)
     if routing_replay_key is not None:
         _check_router_replay(config, routing_replay_key)

@@ -80,6 +80,7 @@ def parse_settings(config: DictConfig) -> Settings:
         uses_verl_replicas=server.uses_verl_replicas,
         model_name=server.model_name,
         routing_replay_key=adapter.routing_replay_key,
+        lora_rank=server.lora_rank,
     )
     cap = optional_positive(BEHAVIOUR_WEIGHT_CAP_KEY, select_or_null(config, BEHAVIOUR_WEIGHT_CAP_KEY, 2.0))
     stale_samples = pipeline.mode == "fully_async" and pipeline.gate.max_staleness != 0
