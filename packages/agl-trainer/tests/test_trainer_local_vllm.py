@@ -168,23 +168,35 @@ def test_push_of_other_weights_than_expected_is_reported(stack: Stack) -> None:
         stack.client.push_weights(stack.weights[0], probe, expected_logprobs=wrong)
 
 
-def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(stack: Stack, tmp_path: Path) -> None:
-    _serve(stack, 1)
+class SavingWorkers:
+    """An actor whose ``save_hf_weights`` writes the weights of ``source``."""
 
-    class CopyingWorkers:
-        """An actor whose update changed nothing: it saves the weights vLLM already serves."""
+    def __init__(self, source: Path) -> None:
+        self.source = source
 
-        def save_hf_weights(self, path: Path) -> Path:
-            return Path(shutil.copytree(stack.weights[1], path))
+    def save_hf_weights(self, path: Path) -> Path:
+        return Path(shutil.copytree(self.source, path))
 
+
+def _pusher(stack: Stack, weights_dir: Path, initial_seed: int) -> tuple[ExternalVllmPush, Any]:
+    """A pusher to the stack's vLLM that believes it starts from ``weights[initial_seed]``, and an
+    actor that saves ``weights[1]`` (what the tests make vLLM serve)."""
     pusher = ExternalVllmPush(
         [stack.vllm.openai_url],
         stack.vllm.served_model_name,
-        tmp_path / "weights",
-        initial_weights=stack.weights[1],
+        weights_dir,
+        initial_weights=stack.weights[initial_seed],
     )
-    pusher.push(cast(Any, CopyingWorkers()), 0)  # the run's start, as the trainer publishes it
-    metrics = pusher.push(cast(Any, CopyingWorkers()), 1)
+    return pusher, cast(Any, SavingWorkers(stack.weights[1]))
+
+
+def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(stack: Stack, tmp_path: Path) -> None:
+    _serve(stack, 1)
+    pusher, unchanged_actor = _pusher(
+        stack, tmp_path / "weights", initial_seed=1
+    )  # its update changed nothing
+    pusher.push(unchanged_actor, 0)  # the run's start, as the trainer publishes it
+    metrics = pusher.push(unchanged_actor, 1)
     assert metrics == {"training/weight_version": 1.0, "training/weight_push_identical": 1.0}
     assert pusher.served_version == 1
 
@@ -193,42 +205,21 @@ def test_a_resumed_runs_first_push_of_the_weights_a_dead_run_left_served_is_not_
     stack: Stack, tmp_path: Path
 ) -> None:
     _serve(stack, 1)  # what the run that died pushed last: the checkpoint's weights
-
-    class CheckpointWorkers:
-        """The resumed actor: it saves the checkpoint's weights, which vLLM already serves."""
-
-        def save_hf_weights(self, path: Path) -> Path:
-            return Path(shutil.copytree(stack.weights[1], path))
-
-    # The resumed run's pusher knows only the model it started from (seed 0), not what vLLM serves.
-    pusher = ExternalVllmPush(
-        [stack.vllm.openai_url],
-        stack.vllm.served_model_name,
-        tmp_path / "weights",
-        initial_weights=stack.weights[0],
-    )
-    first = pusher.push(cast(Any, CheckpointWorkers()), 3)
-    again = pusher.push(cast(Any, CheckpointWorkers()), 4)  # now known: compared with the served folder
+    # The resumed run's pusher knows only the model it started from (seed 0), not what vLLM serves;
+    # its actor saves the checkpoint's weights.
+    pusher, resumed_actor = _pusher(stack, tmp_path / "weights", initial_seed=0)
+    first = pusher.push(resumed_actor, 3)
+    again = pusher.push(resumed_actor, 4)  # now known: compared with the served folder
     assert first == {"training/weight_version": 3.0, "training/weight_push_unverified": 1.0}
     assert again == {"training/weight_version": 4.0, "training/weight_push_identical": 1.0}
 
 
 def test_an_unchanged_probe_after_a_fresh_runs_start_is_still_an_error(stack: Stack, tmp_path: Path) -> None:
     _serve(stack, 1)  # the server does not serve the weights the pusher believes it starts from
-
-    class StartWorkers:
-        def save_hf_weights(self, path: Path) -> Path:
-            return Path(shutil.copytree(stack.weights[1], path))
-
-    pusher = ExternalVllmPush(
-        [stack.vllm.openai_url],
-        stack.vllm.served_model_name,
-        tmp_path / "weights",
-        initial_weights=stack.weights[0],
-    )
-    assert pusher.push(cast(Any, StartWorkers()), 0) == {"training/weight_version": 0.0}  # the run's start
+    pusher, actor = _pusher(stack, tmp_path / "weights", initial_seed=0)
+    assert pusher.push(actor, 0) == {"training/weight_version": 0.0}  # the run's start
     with pytest.raises(UnchangedWeightsError, match="unchanged after reloading"):
-        pusher.push(cast(Any, StartWorkers()), 1)
+        pusher.push(actor, 1)
 
 
 def test_registered_weight_version_reaches_model_request_events(stack: Stack) -> None:
