@@ -244,7 +244,7 @@ def test_a_run_whose_rollouts_all_fail_warns_each_step_and_stops_after_max_empty
         server.stop()
     assert str(stopped.value).startswith("2 steps in a row trained nothing (the last, step 2")
     warnings = [r.getMessage() for r in caplog.records if "rollouts failed" in r.getMessage()]
-    assert [w.split(";")[0] for w in warnings] == [
-        "step 1: all 8 rollouts failed",
-        "step 2: all 8 rollouts failed",
+    assert warnings == [
+        "step 1: all 8 rollouts failed; the first error: fake agent failed on purpose",
+        "step 2: all 8 rollouts failed; the first error: fake agent failed on purpose",
     ]
