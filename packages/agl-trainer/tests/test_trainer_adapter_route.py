@@ -96,3 +96,57 @@ def test_an_adapter_url_without_a_name_or_a_json_object_is_a_bad_request(path: s
     assert app.scope == {}
     assert sent[0]["status"] == 400
     assert b"/agl/adapters/<name>/<route>" in sent[1]["body"]
+
+
+def test_the_listing_counts_each_adapters_calls_until_their_responses_are_sent() -> None:
+    """A call is counted from its arrival until the app has sent the whole response; an adapter
+    with no call left is not listed."""
+
+    async def scenario() -> list[dict[str, int]]:
+        release = asyncio.Event()
+
+        async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+
+        route = _route_module().AdapterRoute(slow_app)
+
+        async def post(path: str) -> None:
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.request", "body": b"{}", "more_body": False}
+
+            async def send(message: dict[str, Any]) -> None:
+                return None
+
+            await route({"type": "http", "method": "POST", "path": path, "headers": []}, receive, send)
+
+        async def listing() -> dict[str, int]:
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            async def receive() -> dict[str, Any]:
+                return {"type": "http.disconnect"}
+
+            await route(
+                {"type": "http", "method": "GET", "path": "/agl/adapters", "headers": []}, receive, send
+            )
+            assert sent[0]["status"] == 200
+            return json.loads(sent[1]["body"])["calls_in_flight"]
+
+        calls = [
+            asyncio.create_task(post(f"/agl/adapters/{name}/v1/completions"))
+            for name in ("m-v1", "m-v1", "m-v2")
+        ]
+        await asyncio.sleep(0.01)
+        during = await listing()
+        release.set()
+        await asyncio.gather(*calls)
+        return [during, await listing()]
+
+    during, after = asyncio.run(scenario())
+    assert during == {"m-v1": 2, "m-v2": 1}
+    assert after == {}

@@ -8,8 +8,12 @@ two minutes on 2 cores.
 
 from __future__ import annotations
 
+import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import torch
@@ -147,6 +151,47 @@ def test_an_adapter_push_serves_the_actors_log_probs_at_its_versions_url_and_kee
     assert 0 < metrics["training/weight_push_bytes"] < 1_000_000
 
 
+def _loaded(vllm: VllmServer) -> list[str]:
+    with VllmClient(vllm.url, SERVED) as client:
+        return sorted(client.lora_adapters())
+
+
+def _wait_in_flight(vllm: VllmServer, name: str) -> None:
+    deadline = time.monotonic() + 30
+    with VllmClient(vllm.url, SERVED) as client:
+        while client.adapter_calls_in_flight().get(name) != 1:
+            assert time.monotonic() < deadline, f"no call of {name} in flight"
+            time.sleep(0.05)
+
+
+def test_an_old_adapter_stays_loaded_while_a_call_uses_it_and_is_unloaded_once_none_does(
+    vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
+) -> None:
+    pusher = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "weights")
+    pusher.push(actor, 0)
+    # A call of version 0 held in flight: its body arrives in two parts, the second after two pushes.
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
+    server = urlsplit(vllm.url)
+    path = f"{urlsplit(_adapter_url(vllm, 0)).path}/v1/completions"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {server.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with socket.create_connection((server.hostname, server.port), timeout=60) as call:
+        call.sendall(head.encode() + body[:5])
+        _wait_in_flight(vllm, adapter_name(SERVED, 0))
+        pusher.push(actor, 1)
+        pusher.push(actor, 2)
+        assert _loaded(vllm) == [adapter_name(SERVED, v) for v in (0, 1, 2)]
+        call.sendall(body[5:])
+        answer = b"".join(iter(lambda: call.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 200")
+    metrics = pusher.push(actor, 3)
+    assert _loaded(vllm) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["adapter_2", "adapter_3"]
+    assert metrics["training/lora_adapters_loaded"] == 2
+
+
 def test_an_adapter_of_a_rank_above_the_servers_max_lora_rank_is_refused_naming_the_key(
     vllm: VllmServer, model_path: Path, tmp_path: Path
 ) -> None:
@@ -154,7 +199,7 @@ def test_an_adapter_of_a_rank_above_the_servers_max_lora_rank_is_refused_naming_
         AutoModelForCausalLM.from_pretrained(model_path),
         LoraConfig(r=2 * RANK, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"),
     )
-    model.save_pretrained(tmp_path / "adapter")
+    model.save_pretrained(str(tmp_path / "adapter"))
     with VllmClient(vllm.url, SERVED) as client, pytest.raises(WeightPushError) as raised:
         client.load_lora_adapter("too-wide", tmp_path / "adapter")
     assert "actor_rollout_ref.model.lora_rank is above the server's --max-lora-rank" in str(raised.value)

@@ -5,8 +5,8 @@ PEFT folder under ``weights_dir/adapter_<version>`` and loaded on every server u
 ``<model>-v<version>`` through vLLM's runtime LoRA loading. The gateway sends every call under one
 model name, so each adapter gets a URL of its own (the ``agl_adapter_route`` middleware of the
 servers): the publisher registers that URL at the new version. Calls already running finish on
-the adapter they started with and new ones go to the new URL, so a push needs no pause. The
-adapter two versions back is unloaded: no call of a live run is that old.
+the adapter they started with and new ones go to the new URL, so a push needs no pause. An
+adapter older than the served one is unloaded once no call uses it (the middleware counts them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 ADAPTERS_KEPT = 2
-"""Adapters a server keeps loaded: the version being served and the one whose calls are finishing."""
+"""Adapters a server keeps loaded at least: the new version and the one served until the gateway's
+registrations move to it; older ones stay only while calls still use them."""
 
 
 def adapter_name(model: str, version: int) -> str:
@@ -56,7 +57,8 @@ class ExternalLoraPush:
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """Load ``version``'s adapter on every server (the first push also unloads what a run before
-        this one left loaded); unload the adapters older than the last :data:`ADAPTERS_KEPT`."""
+        this one left loaded, and finds a server without the adapter middleware); unload the
+        adapters older than the last :data:`ADAPTERS_KEPT` that no call uses any more."""
         if version == self.served_version:
             return {"training/weight_version": float(version)}
         target = workers.save_lora_adapter(self.weights_dir / f"adapter_{version}")
@@ -66,10 +68,11 @@ class ExternalLoraPush:
             try:
                 with VllmClient(server_root(endpoint), self.model) as client:
                     client.load_lora_adapter(name, target)
-                    stale = client.lora_adapters() if first else []
-                    for other in stale:
-                        if other != name and other.startswith(f"{self.model}-v"):
-                            client.unload_lora_adapter(other)
+                    if first:
+                        client.adapter_calls_in_flight()
+                        for other in client.lora_adapters():
+                            if other != name and other.startswith(f"{self.model}-v"):
+                                client.unload_lora_adapter(other)
             except httpx.HTTPError as exc:
                 raise WeightPushError(
                     f"could not push the LoRA adapter of version {version} ({target}) to the vLLM server at "
@@ -79,19 +82,35 @@ class ExternalLoraPush:
                 raise WeightPushError(f"{endpoint}: {exc}") from exc
         self._loaded.append(version)
         self.served_version = version
-        self._unload_old()
+        self._unload_unused()
         return {
             "training/weight_version": float(version),
             "training/weight_push_bytes": float(sum(f.stat().st_size for f in target.iterdir())),
+            "training/lora_adapters_loaded": float(len(self._loaded)),
         }
 
-    def _unload_old(self) -> None:
-        while len(self._loaded) > ADAPTERS_KEPT:
-            old = self._loaded.pop(0)
-            for endpoint in self.endpoints:
-                with VllmClient(server_root(endpoint), self.model) as client:
-                    client.unload_lora_adapter(adapter_name(self.model, old))
-            shutil.rmtree(self.weights_dir / f"adapter_{old}", ignore_errors=True)
+    def _unload_unused(self) -> None:
+        """Unload, on every server, each adapter older than the last :data:`ADAPTERS_KEPT` whose URL
+        answers no call on any server, and remove its folder (vLLM may reread a loaded one's)."""
+        old = self._loaded[:-ADAPTERS_KEPT]
+        if not old:
+            return
+        clients = [VllmClient(server_root(endpoint), self.model) for endpoint in self.endpoints]
+        try:
+            busy = {
+                name for client in clients for name, n in client.adapter_calls_in_flight().items() if n > 0
+            }
+            for version in old:
+                name = adapter_name(self.model, version)
+                if name in busy:
+                    continue
+                for client in clients:
+                    client.unload_lora_adapter(name)
+                shutil.rmtree(self.weights_dir / f"adapter_{version}", ignore_errors=True)
+                self._loaded.remove(version)
+        finally:
+            for client in clients:
+                client.close()
 
 
 __all__ = ("ADAPTERS_KEPT", "ExternalLoraPush", "adapter_name", "adapter_route")

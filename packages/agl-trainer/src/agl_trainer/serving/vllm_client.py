@@ -92,6 +92,17 @@ class VllmClient:
         response.raise_for_status()
         return [entry["id"] for entry in response.json()["data"] if entry.get("parent")]
 
+    def adapter_calls_in_flight(self) -> dict[str, int]:
+        """The calls each adapter's URL is answering now, as the ``agl_adapter_route`` middleware counts."""
+        response = self._http.get("/agl/adapters")
+        if response.status_code == 404:
+            raise WeightPushError(
+                f"{self.url}/agl/adapters is missing: start vLLM with --middleware agl_adapter_route.AdapterRoute "
+                "(its folder, agl_trainer.local.services.VLLM_CHILD_PATH, on PYTHONPATH) to serve LoRA adapters"
+            )
+        response.raise_for_status()
+        return {str(name): int(count) for name, count in response.json()["calls_in_flight"].items()}
+
     def serve_weights(self, weights_path: Path) -> None:
         """Reload ``weights_path`` and drop the KV cache of the old weights, without checking the result."""
         self.reload_weights(weights_path)

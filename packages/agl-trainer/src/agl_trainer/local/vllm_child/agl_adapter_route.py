@@ -6,6 +6,10 @@ own); registering ``http://host:port/agl/adapters/<adapter>/v1`` as the endpoint
 it routes there use that adapter, so each weight version can be a LoRA adapter of its own name,
 loaded while calls to the previous one finish. Requests outside the prefix pass unchanged.
 
+``GET /agl/adapters`` answers ``{"calls_in_flight": {<name>: <count>}}``, the calls each adapter's
+URL is answering now (adapters with none left out), so the trainer unloads an old adapter only
+once no call uses it.
+
 Runs in vLLM's environment, which has no agl package: standard library only. Start vLLM with
 ``--middleware agl_adapter_route.AdapterRoute`` and this folder on ``PYTHONPATH``.
 """
@@ -15,6 +19,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 PREFIX = "/agl/adapters/"
+LISTING = PREFIX.rstrip("/")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -28,13 +33,28 @@ class AdapterRoute:
 
     def __init__(self, app: App) -> None:
         self.app = app
+        self.calls_in_flight: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        if scope["type"] == "http" and path.rstrip("/") == LISTING and scope.get("method") == "GET":
+            await _answer(send, 200, {"calls_in_flight": dict(self.calls_in_flight)})
+            return
         if scope["type"] != "http" or not path.startswith(PREFIX):
             await self.app(scope, receive, send)
             return
         name, _, rest = path[len(PREFIX) :].partition("/")
+        # Counted from its arrival, its body still coming, until the app has sent the whole
+        # response (the app returns after a stream's last chunk).
+        self.calls_in_flight[name] = self.calls_in_flight.get(name, 0) + 1
+        try:
+            await self._serve(scope, name, rest, receive, send)
+        finally:
+            self.calls_in_flight[name] -= 1
+            if not self.calls_in_flight[name]:
+                del self.calls_in_flight[name]
+
+    async def _serve(self, scope: Scope, name: str, rest: str, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
         try:
             payload = json.loads(body) if body else {}
@@ -75,7 +95,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _bad_request(send: Send, detail: str) -> None:
-    content = json.dumps({"error": detail}).encode()
+    await _answer(send, 400, {"error": detail})
+
+
+async def _answer(send: Send, status: int, answer: dict[str, Any]) -> None:
+    content = json.dumps(answer).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
-    await send({"type": "http.response.start", "status": 400, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": content})
