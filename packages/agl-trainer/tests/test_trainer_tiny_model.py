@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.local.toy_task import is_digit_text
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,47 @@ def test_existing_folder_with_same_arguments_is_reused_untouched(tiny_model: Pat
 def test_existing_folder_built_with_other_arguments_is_refused(tiny_model: Path) -> None:
     with pytest.raises(ValueError, match="seed"):
         build_tiny_model(tiny_model, seed=7)
+
+
+def test_existing_folder_built_with_other_arguments_is_replaced_when_asked(tmp_path: Path) -> None:
+    folder = build_tiny_model(tmp_path / "model", seed=7)
+    assert build_tiny_model(folder, seed=0, replace_other=True) == folder
+    rebuilt, fresh = (
+        load_file(folder / "model.safetensors"),
+        load_file(build_tiny_model(tmp_path / "fresh", seed=0) / "model.safetensors"),
+    )
+    assert all(torch.equal(rebuilt[name], fresh[name]) for name in fresh)
+
+
+def test_existing_foreign_folder_is_refused_even_when_replacing_is_asked(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({}))
+    with pytest.raises(FileExistsError, match="not a tiny model folder"):
+        build_tiny_model(foreign, replace_other=True)
+
+
+def test_a_frozen_output_layer_can_give_digit_tokens_most_of_the_mass(tiny_model: Path) -> None:
+    """What LoRA can learn on the toy task: it leaves lm_head and the final norm frozen, so the
+    policy can only steer the normalised last hidden state. The best such state, found by gradient
+    ascent, must give the digit tokens most of the next-token mass (0.09 at most under
+    transformers' default init of the output layer)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    weight = model.lm_head.weight.detach()
+    digits = torch.tensor([is_digit_text(tokenizer.decode([token])) for token in range(weight.shape[0])])
+    size = weight.shape[1]
+    torch.manual_seed(0)
+    direction = torch.randn(size, requires_grad=True)
+    optimizer = torch.optim.Adam([direction], lr=0.05)
+    for _ in range(500):
+        hidden = direction / direction.norm() * size**0.5  # RMS-normalised, the norm's weight is 1
+        digit_mass = torch.log_softmax(weight @ hidden, dim=0)[digits].logsumexp(dim=0)
+        optimizer.zero_grad()
+        (-digit_mass).backward()
+        optimizer.step()
+    assert model.model.norm.weight.eq(1).all()
+    assert digit_mass.exp().item() > 0.9
 
 
 def test_existing_foreign_folder_is_refused(tmp_path: Path) -> None:

@@ -7,6 +7,12 @@ tokenizer on a built-in corpus and saves it with a randomly initialised ``Qwen2F
 The model keeps its input and output embeddings untied: vLLM on CPU reloads tied embeddings
 wrongly after a weight push, so a tied tiny model would hide or fake weight-sync bugs. The config
 records no attention implementation; loaders pick one (the CPU mode passes ``sdpa``).
+
+The output layer is drawn with std ``1/sqrt(hidden_size)`` (the other weights with transformers'
+0.02), so the logits have unit scale, as a trained model's have room to. Under transformers' 0.02
+alone the logits span so little that a frozen output layer caps what can be learnt: LoRA, which
+leaves ``lm_head`` frozen, could give digit tokens at most 9% of the mass on the toy task, against
+98% now.
 """
 
 import json
@@ -27,6 +33,8 @@ IM_END = "<|im_end|>"
 TINY_MODEL_SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 
 _META_FILE = "agl_tiny_model.json"
+_LM_HEAD_STD = "hidden_size**-0.5"
+"""Recorded in the meta file, so a folder built before the output layer's scale changed is told apart."""
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", _META_FILE)
 
 # Qwen2-style chat template: each message is wrapped in <|im_start|>role ... <|im_end|>.
@@ -58,6 +66,7 @@ def build_tiny_model(
     vocab_size: int = 512,
     hidden_size: int = 128,
     num_layers: int = 2,
+    replace_other: bool = False,
 ) -> Path:
     """Build (or reuse) a tiny Qwen2 model folder at ``path`` and return it.
 
@@ -68,11 +77,13 @@ def build_tiny_model(
     bound: training stops when the built-in corpus has no more merges (about 490 tokens).
 
     The folder is written to a temporary sibling and renamed into place, so a folder at ``path``
-    is always complete; an existing complete folder built with the same arguments is reused.
+    is always complete; an existing complete folder built with the same arguments is reused. One
+    built with other arguments (or by an older version of this function) is replaced when
+    ``replace_other`` is set: the embedded default's cache folder is agl's own.
 
     Raises:
         ValueError: an argument is out of range, or ``path`` holds a tiny model built with
-            other arguments.
+            other arguments and ``replace_other`` is not set.
         FileExistsError: ``path`` exists but is not a tiny model folder.
     """
     target = Path(path)
@@ -80,7 +91,9 @@ def build_tiny_model(
         seed=seed, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers
     )
     if target.exists():
-        return _reuse(target, params)
+        if not (replace_other and _is_other_tiny_model(target, params)):
+            return _reuse(target, params)
+        shutil.rmtree(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -111,6 +124,16 @@ def _validated_params(*, seed: int, vocab_size: int, hidden_size: int, num_layer
     return {"seed": seed, "vocab_size": vocab_size, "hidden_size": hidden_size, "num_layers": num_layers}
 
 
+def _meta(params: dict[str, int]) -> dict[str, int | str]:
+    """What the meta file records: the arguments and how the output layer was drawn."""
+    return {**params, "lm_head_std": _LM_HEAD_STD}
+
+
+def _is_other_tiny_model(target: Path, params: dict[str, int]) -> bool:
+    meta = target / _META_FILE
+    return meta.is_file() and json.loads(meta.read_text()) != _meta(params)
+
+
 def _reuse(target: Path, params: dict[str, int]) -> Path:
     missing = [name for name in _REQUIRED_FILES if not (target / name).is_file()]
     if missing:
@@ -119,9 +142,9 @@ def _reuse(target: Path, params: dict[str, int]) -> Path:
             "remove it or pass another path."
         )
     found = json.loads((target / _META_FILE).read_text())
-    if found != params:
+    if found != _meta(params):
         raise ValueError(
-            f"path={str(target)!r} holds a tiny model built with {found}, not {params}; "
+            f"path={str(target)!r} holds a tiny model built with {found}, not {_meta(params)}; "
             "remove it or pass another path."
         )
     return target
@@ -147,10 +170,11 @@ def _write_model(folder: Path, params: dict[str, int]) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(params["seed"])
         model = Qwen2ForCausalLM(config)
+        torch.nn.init.normal_(model.lm_head.weight, std=params["hidden_size"] ** -0.5)
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(folder)
-    (folder / _META_FILE).write_text(json.dumps(params, sort_keys=True))
+    (folder / _META_FILE).write_text(json.dumps(_meta(params), sort_keys=True))
 
 
 def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
