@@ -226,7 +226,7 @@ def run_embedded_default(
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
-    model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2")
+    model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2", replace_other=True)
     toy = dataclasses.replace(TOY_TASKS[task](model), tool_latency=tool_latency)
     # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
     served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
