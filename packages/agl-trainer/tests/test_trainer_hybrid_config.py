@@ -1,20 +1,18 @@
 """The hybrid path's config, checked on CPU: what verl's own replicas would be started with.
 
-Every production command the READMEs show is parsed out of them, composed as ``agl-trainer``
-composes it, validated, and converted by verl's own config classes, so a README command that
-would fail on its first GPU run fails here first.
+Every production ``agl-trainer`` command the READMEs and docs/ show (:mod:`agl_testing.doc_commands`,
+the extractor ``test_trainer_docs_commands.py`` checks every command with) is composed as
+``agl-trainer`` composes it, validated, and converted by verl's own config classes, so a documented
+command that would fail on its first GPU run fails here first.
 """
 
 from __future__ import annotations
-
-import re
-import shlex
-from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
 from verl.utils.config import omega_conf_to_dataclass
 
+from agl_testing.doc_commands import doc_commands
 from agl_trainer.assembly import compose_config, production_config
 from agl_trainer.cli import parse_args
 from agl_trainer.local.services import DEFAULT_MAX_RESPONSE_TOKENS, LOGPROBS_MODE
@@ -22,31 +20,17 @@ from agl_trainer.settings import parse_settings, replica_config
 
 pytestmark = pytest.mark.verl
 
-_ROOT = Path(__file__).resolve().parents[3]
-READMES = (
-    _ROOT / "README.md",
-    _ROOT / "packages" / "agl-trainer" / "README.md",
-    *sorted((_ROOT / "docs").glob("*.md")),
-)
-_BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.DOTALL)
+
+def doc_production_commands() -> list[tuple[str, tuple[str, ...]]]:
+    """``(file:line, overrides)`` of every documented ``agl-trainer`` command that is a production run."""
+    commands = [
+        command for command in doc_commands("agl-trainer") if not {"-h", "--help"} & set(command.args)
+    ]
+    parsed = [(command.where, parse_args(command.args)) for command in commands]
+    return [(where, args.overrides) for where, args in parsed if args.is_production]
 
 
-def readme_production_commands() -> list[tuple[str, tuple[str, ...]]]:
-    """``(readme name, overrides)`` of every ``agl-trainer`` command in a bash block that is a production run."""
-    commands: list[tuple[str, tuple[str, ...]]] = []
-    for readme in READMES:
-        for block in _BASH_BLOCK.findall(readme.read_text()):
-            for line in block.replace("\\\n", " ").splitlines():
-                words = shlex.split(line, comments=True)
-                if "agl-trainer" not in words:
-                    continue
-                args = parse_args(words[words.index("agl-trainer") + 1 :])
-                if args.is_production:
-                    commands.append((readme.relative_to(_ROOT).as_posix(), args.overrides))
-    return commands
-
-
-COMMANDS = readme_production_commands()
+COMMANDS = doc_production_commands()
 HYBRID = [
     overrides for _, overrides in COMMANDS if not any("external_servers.endpoints" in o for o in overrides)
 ]
@@ -57,9 +41,7 @@ def test_the_readmes_show_a_hybrid_and_an_external_production_command() -> None:
     assert len(HYBRID) < len(COMMANDS), "no README production command with external servers"
 
 
-@pytest.mark.parametrize(
-    "overrides", [o for _, o in COMMANDS], ids=[f"{r}:{i}" for i, (r, _) in enumerate(COMMANDS)]
-)
+@pytest.mark.parametrize("overrides", [o for _, o in COMMANDS], ids=[where for where, _ in COMMANDS])
 def test_readme_production_command_composes_and_passes_verls_config_conversion(
     overrides: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
