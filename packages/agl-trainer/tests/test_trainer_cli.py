@@ -269,6 +269,29 @@ def test_a_production_run_with_a_missing_data_file_is_one_line_and_exit_code_2(t
 
 
 @pytest.mark.verl
+def test_an_error_of_a_production_run_keeps_its_traceback_ending_with_where_the_run_leaves_its_outputs(
+    tmp_path: Path,
+) -> None:
+    """An error agl-trainer has no line for: here a model folder without config.json, which
+    transformers refuses while the trainer is built (before Ray starts)."""
+    model, rows, outputs = tmp_path / "model", tmp_path / "rows.jsonl", tmp_path / "outputs"
+    model.mkdir()
+    rows.write_text('{"x": 1}\n')
+    done = _agl_trainer(
+        f"actor_rollout_ref.model.path={model}",
+        "agentlightning.agl_base_url=http://127.0.0.1:1",
+        f"data.train_files={rows}",
+        f"data.val_files={rows}",
+        f"trainer.default_local_dir={outputs}",
+    )
+    assert done.returncode == 1
+    assert "Traceback (most recent call last):" in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"agl-trainer: run outputs (checkpoints, trajectories) under trainer.default_local_dir={outputs}"
+    )
+
+
+@pytest.mark.verl
 def test_the_production_key_can_come_from_the_environment_instead_of_the_command_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

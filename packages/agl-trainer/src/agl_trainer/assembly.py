@@ -263,11 +263,24 @@ def run_from_files(overrides: Sequence[str]) -> AglRayPPOTrainer:
     """The production run: train on ``data.train_files``, validate on ``data.val_files``.
 
     Starts no agl-server, inference server or agents and builds no model: the config names them.
+    An error gets :func:`outputs_note` added, which its traceback ends with.
     """
     config = production_config(overrides)
     train = load_rows(config.data.train_files, key="data.train_files")
     val = load_rows(config.data.val_files, key="data.val_files")
-    return run_ppo(config, train, val)
+    try:
+        return run_ppo(config, train, val)
+    except Exception as error:
+        error.add_note(outputs_note(config))
+        raise
+
+
+def outputs_note(config: DictConfig) -> str:
+    """Where a production run leaves its outputs: ``trainer.default_local_dir``, absolute (verl's
+    checkpoints, and agl's trajectories by default). A production run has no run folder of its own;
+    this is the one place to look after a crash."""
+    folder = Path(str(config.trainer.default_local_dir)).expanduser().absolute()
+    return f"agl-trainer: run outputs (checkpoints, trajectories) under trainer.default_local_dir={folder}"
 
 
 __all__ = (
@@ -281,6 +294,7 @@ __all__ = (
     "init_ray",
     "latest_checkpoint",
     "load_rows",
+    "outputs_note",
     "production_config",
     "run_from_files",
     "run_ppo",

@@ -211,7 +211,8 @@ def run_embedded_default(
     """Run the whole local stack and train on the toy task ``task`` (a :data:`TOY_TASKS` name);
     ``overrides`` are Hydra overrides applied last; ``tool_latency`` slows each tool call; ``runner``
     (one of :data:`RUNNERS`) picks who runs the agents; a dead agl-controller is restarted at most
-    ``controller_restarts`` times. A dead agl-server or vLLM stops the run with :class:`ProcessDiedError`."""
+    ``controller_restarts`` times. A dead agl-server or vLLM stops the run with :class:`ProcessDiedError`;
+    any error once the run folder was announced gets a note naming it, which its traceback ends with."""
     if task not in TOY_TASKS:
         raise ValueError(f"Unsupported task: {task!r}. Supported: {sorted(TOY_TASKS)}")
     if runner not in RUNNERS:
@@ -223,6 +224,33 @@ def run_embedded_default(
     run_dir.mkdir(parents=True, exist_ok=True)
     steps = int(planned.trainer.total_training_steps)
     print(start_message(steps, run_dir, on_gpu=on_gpu), flush=True)
+    try:
+        return _run_in(
+            run_dir,
+            planned,
+            overrides,
+            task=task,
+            tool_latency=tool_latency,
+            runner=runner,
+            controller_restarts=controller_restarts,
+        )
+    except Exception as error:
+        error.add_note(f"agl-trainer: run folder {run_dir}")
+        raise
+
+
+def _run_in(
+    run_dir: Path,
+    planned: DictConfig,
+    overrides: Sequence[str],
+    *,
+    task: str,
+    tool_latency: ToolLatency | None,
+    runner: str,
+    controller_restarts: int,
+) -> DemoRun:
+    """:func:`run_embedded_default` once ``run_dir`` exists and was announced: start, train, summarise."""
+    on_gpu = _on_gpu(overrides)
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
@@ -312,8 +340,6 @@ def run_embedded_default(
     except BaseException as error:
         if (failure := supervisor.check()) is not None:
             raise ProcessDiedError(f"agl-trainer: stopped: {failure}") from error
-        if isinstance(error, Exception):
-            error.add_note(f"agl-trainer: run folder {run_dir}")
         raise
     png = plot_metrics(
         metrics, run_dir / "progress.png", fully_async=bool(config.agentlightning.fully_async.enabled)
