@@ -103,6 +103,31 @@ def start_trainer(
     return Run(process, cache, stdout, stderr)
 
 
+def child_of(run: Run, argv_part: str) -> int:
+    """The pid of agl-trainer's one child whose command line holds ``argv_part``."""
+    children = [
+        pid
+        for pid in find_processes(argv_part, f"AGL_CACHE_DIR={run.cache}")
+        if int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]) == run.process.pid
+    ]
+    (pid,) = children
+    return pid
+
+
+def kill_mid_run(run: Run, argv_part: str) -> tuple[int, float]:
+    """SIGKILL agl-trainer's child whose command line holds ``argv_part`` once a step was logged;
+    agl-trainer's exit code and the seconds from the kill to its exit."""
+    try:
+        run.wait_steps(1)
+        killed_at = time.monotonic()
+        os.kill(child_of(run, argv_part), signal.SIGKILL)
+        code = run.wait(120)
+    finally:
+        if run.process.poll() is None:  # it did not stop: leave nothing running behind the failure
+            os.killpg(run.process.pid, signal.SIGKILL)
+    return code, time.monotonic() - killed_at
+
+
 @dataclass
 class OwnAgentRun:
     run: Run
@@ -176,14 +201,23 @@ def test_an_agent_class_the_controller_cannot_import_stops_the_run_before_any_pr
 @pytest.mark.timeout(1200)
 def test_a_killed_vllm_stops_the_run_within_seconds_with_one_line_naming_it(tmp_path: Path) -> None:
     run = start_trainer(tmp_path, ("steps=25",))
-    run.wait_steps(1)
-    (vllm,) = find_processes("agl_vllm_server", f"AGL_CACHE_DIR={run.cache}")
-    killed_at = time.monotonic()
-    os.kill(vllm, signal.SIGKILL)
-    assert run.wait(120) == 1
-    stopped_after = time.monotonic() - killed_at
+    code, stopped_after = kill_mid_run(run, "agl_vllm_server")
+    assert code == 1
     assert run.said() == [
         f"agl-trainer: stopped: vllm exited with code -9 during the run; its log: {run.run_dir / 'vllm.log'}"
+    ]
+    assert "Traceback" not in run.stderr.read_text()
+    assert stopped_after < 30, f"the run took {stopped_after:.1f} s to stop"
+
+
+@pytest.mark.timeout(1200)
+def test_a_killed_agl_server_stops_the_run_within_seconds_with_one_line_naming_it(tmp_path: Path) -> None:
+    run = start_trainer(tmp_path, ("steps=25",))
+    code, stopped_after = kill_mid_run(run, "agentlightning.server")
+    assert code == 1
+    assert run.said() == [
+        "agl-trainer: stopped: agl-server exited with code -9 during the run; its log: "
+        f"{run.run_dir / 'agl-server.log'}"
     ]
     assert "Traceback" not in run.stderr.read_text()
     assert stopped_after < 30, f"the run took {stopped_after:.1f} s to stop"

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from agl_rollout._tracker import WaitCounts
 from agl_rollout.async_manager import AsyncRolloutManager, AsyncRolloutState, CarriedGroup
 from agl_rollout.batch import Batch
+from agl_rollout.errors import AglUnavailableError
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.pacing import SweepPacer
 from agl_rollout.progress import WaitProgress
@@ -326,7 +327,10 @@ class GroupCollector:
                     self._lock.notify_all()
                 self._stop.wait(pacer.pause(n_done, len(self._pending)))
         except BaseException as exc:  # handed to the trainer by take(), never swallowed
-            logger.exception("rollout collector stopped on an error")
+            if isinstance(exc, AglUnavailableError):  # the server is gone, which its message says: no bug
+                logger.error("rollout collector stopped: %s", exc)
+            else:
+                logger.exception("rollout collector stopped on an error")
             with self._lock:
                 self._error = exc
                 self._lock.notify_all()

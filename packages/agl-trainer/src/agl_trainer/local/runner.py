@@ -87,6 +87,9 @@ class LocalAgentRunner:
         while not self._stop.is_set():
             try:
                 claimed = self._claim_some()
+            except httpx.TransportError as exc:  # agl-server unreachable: no bug to trace
+                log.warning("local runner: polling agl-server failed (%r); retrying", exc)
+                claimed = 0
             except Exception:
                 log.exception("local runner: polling agl-server failed; retrying")
                 claimed = 0
@@ -134,6 +137,9 @@ class LocalAgentRunner:
                     rollout_id, state="failed", error_message=f"{type(exc).__name__}: {exc}"
                 )
                 self._count("stopped" if stopped else "failed")
+        except httpx.TransportError as exc:  # agl-server unreachable: no bug to trace
+            if not self._stop.is_set():
+                log.warning("local runner: could not report rollout %s to agl-server: %r", rollout_id, exc)
         except Exception:
             if not self._stop.is_set():  # once stopped, agl-server may be gone: nothing to report to
                 log.exception("local runner: could not report rollout %s to agl-server", rollout_id)
