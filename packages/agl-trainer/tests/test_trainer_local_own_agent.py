@@ -34,6 +34,8 @@ OWN_AGENT_COMMAND = (
     "steps=2",
 )
 """The README's command shape, ``PYTHONPATH=<dir> uv run agl-trainer ...``, with 2 steps."""
+FAILING_AGENT = ("runner=controller", "agentlightning.local.agent_class=failing_agents:FailingAgent")
+"""Every rollout fails (``user_agents/failing_agents.py``): the run trains nothing."""
 AGL_TRAINER = Path(sys.executable).with_name("agl-trainer")
 
 
@@ -231,6 +233,56 @@ def test_ctrl_c_mid_run_says_the_step_reached_and_that_no_checkpoint_was_saved(t
     assert run.wait(120) == 130
     assert run.said() == [f"agl-trainer: interrupted at step {run.steps_logged() + 1}; no checkpoint saved"]
     assert "Traceback" not in run.stderr.read_text()
+
+
+@pytest.mark.timeout(1200)
+def test_max_empty_steps_steps_that_trained_nothing_stop_the_run_with_one_line_and_exit_code_1(
+    tmp_path: Path,
+) -> None:
+    run = start_trainer(
+        tmp_path, (*FAILING_AGENT, "steps=25", "agentlightning.max_empty_steps=2"), python_path=USER_AGENTS
+    )
+    assert run.wait(900) == 1
+    assert run.said() == [
+        "agl-trainer: stopped: 2 steps in a row trained nothing (the last, step 2: see the warnings above); "
+        "stopping (agentlightning.max_empty_steps=2, null never stops)"
+    ]
+    assert run.steps_logged() == 2
+
+
+@dataclass
+class FailedRun:
+    run: Run
+    code: int
+
+
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FailedRun]:
+    """3 steps of agents that always fail; agl-controller is killed once after the first step."""
+    run = start_trainer(
+        tmp_path_factory.mktemp("failed"), (*FAILING_AGENT, "steps=3"), python_path=USER_AGENTS
+    )
+    code, _ = kill_mid_run(run, "agentlightning.controller")
+    yield FailedRun(run, code)
+
+
+@pytest.mark.timeout(1200)
+def test_a_run_that_trained_nothing_says_so_at_the_end_and_exits_1(failed_run: FailedRun) -> None:
+    run = failed_run.run
+    assert failed_run.code == 1, run.stderr.read_text()[-3000:]
+    totals = RunTotals.read(run.run_dir / "metrics.jsonl")
+    assert (totals.steps, totals.samples_trained, totals.succeeded) == (3, 0, 0)
+    summary = [line for line in run.stdout.read_text().splitlines() if line.startswith("agl-trainer: ")][-1]
+    assert summary == f"agl-trainer: trained nothing, every rollout failed or had no rows. {totals.line()}."
+
+
+@pytest.mark.timeout(1200)
+def test_the_end_summary_says_how_often_a_dead_controller_was_restarted(failed_run: FailedRun) -> None:
+    run = failed_run.run
+    assert run.stdout.read_text().splitlines()[-1] == (
+        f"  Agents ran under agl-controller, one process per rollout; its log: {run.run_dir / 'agl-controller.log'}"
+        "; restarted 1 times (controller_restarts=3)."
+    )
 
 
 @pytest.mark.timeout(600)
