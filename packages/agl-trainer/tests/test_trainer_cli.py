@@ -317,6 +317,19 @@ def test_ctrl_c_after_the_trainer_stopped_names_the_step_even_when_teardown_rais
         assert interrupted_line(interrupt) == "agl-trainer: interrupted at step 3; no checkpoint saved"
 
 
+@pytest.mark.verl
+def test_ctrl_c_before_verl_recorded_a_checkpoint_says_none_was_saved(tmp_path: Path) -> None:
+    """A ``global_step_N`` folder without verl's tracker file is a save cut short, not a checkpoint."""
+    from agl_trainer.assembly import TrainingInterrupted, compose_config, latest_checkpoint
+
+    (tmp_path / "global_step_1").mkdir()
+    config = compose_config([f"trainer.default_local_dir={tmp_path}"])
+    assert (
+        interrupted_line(TrainingInterrupted(2, latest_checkpoint(config)))
+        == "agl-trainer: interrupted at step 2; no checkpoint saved"
+    )
+
+
 def test_ctrl_c_before_the_trainer_ran_says_nothing_was_saved() -> None:
     assert (
         interrupted_line(KeyboardInterrupt())

