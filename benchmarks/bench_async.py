@@ -62,16 +62,15 @@ class Result:
     train_s_per_step: float
 
 
-def run_mode(mode: str, steps: int, tool_latency: str, extra: list[str]) -> Path:
-    """Run the embedded default in ``mode``; return its metrics.jsonl."""
-    command = ["agl-trainer", MODES[mode], f"steps={steps}", f"tool_latency={tool_latency}"]
-    command += [f"trainer.test_freq={TEST_FREQ}", *extra]
+def run_mode(mode: str, overrides: list[str]) -> Path:
+    """Run the embedded default in ``mode`` with ``overrides``; return its metrics.jsonl."""
+    command = ["agl-trainer", MODES[mode], *overrides]
     print(f"==> {' '.join(command)}", file=sys.stderr, flush=True)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     match = re.search(r"Metrics: (\S+metrics\.jsonl)", done.stdout)
     if done.returncode != 0 or match is None:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
-        raise SystemExit(f"bench_async: the {mode} run failed (exit {done.returncode})")
+        raise SystemExit(f"the {mode} run failed (exit {done.returncode})")
     return Path(match.group(1))
 
 
@@ -176,7 +175,12 @@ def main() -> None:
     runs: dict[str, list[Result]] = {mode: [] for mode in MODES}
     for _ in range(args.repeats):
         for mode in MODES:
-            metrics = run_mode(mode, args.steps, args.tool_latency, args.extra)
+            overrides = [
+                f"steps={args.steps}",
+                f"tool_latency={args.tool_latency}",
+                f"trainer.test_freq={TEST_FREQ}",
+            ]
+            metrics = run_mode(mode, [*overrides, *args.extra])
             runs[mode].append(summarise(mode, metrics, args.target_reward))
     medians = {mode: median_result(runs[mode]) for mode in MODES}
     base = medians["sync"]
