@@ -348,14 +348,18 @@ def _progress_state() -> tuple[WaitCounts, dict[str, EnqueuedRollout]]:
     return counts, pending
 
 
-def test_progress_on_a_tty_rewrites_one_line_with_outcomes_queue_and_run_times() -> None:
+def test_progress_on_a_tty_rewrites_one_line_with_outcomes_queue_and_run_times_and_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     stream, clock = _Tty(), _Clock(100.0)
     progress = WaitProgress("train rollouts", 5, stream=stream, clock=clock)
     counts, pending = _progress_state()
-    clock.now = 112.0
-    progress.update(2, counts, pending)
-    clock.now = 120.0
-    progress.close(5, counts)
+    with caplog.at_level(logging.INFO, logger="agl_rollout.progress"):
+        clock.now = 112.0
+        progress.update(2, counts, pending)
+        clock.now = 120.0
+        progress.close(5, counts)
+    assert caplog.records == []
     assert stream.getvalue() == (
         "\rtrain rollouts: 2/5 done  ok=1 failed=0 timed_out=1  queued=2 running=1 mean_queue_wait=1.5s "
         "mean_run=2.0s oldest_pending=12s  elapsed=12s\x1b[K"
@@ -383,6 +387,20 @@ def test_progress_off_a_tty_writes_nothing_and_logs_at_most_every_10_s_and_at_th
         "val rollouts progress done=5 total=5 succeeded=1 failed=0 timed_out=1 mean_queue_wait=1.5s "
         "mean_run=2.0s elapsed_s=16.0",
     ]
+
+
+def test_progress_off_a_tty_says_nothing_of_a_wait_shorter_than_10_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stream, clock = io.StringIO(), _Clock(100.0)
+    progress = WaitProgress("train rollouts", 5, stream=stream, clock=clock)
+    counts, pending = _progress_state()
+    with caplog.at_level(logging.INFO, logger="agl_rollout.progress"):
+        clock.now = 105.0
+        progress.update(2, counts, pending)
+        clock.now = 109.0
+        progress.close(5, counts)
+    assert (stream.getvalue(), caplog.records) == ("", [])
 
 
 def _hooks_file(tmp_path: Path, body: str) -> Path:

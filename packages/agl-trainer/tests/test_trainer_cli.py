@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tqdm import tqdm
 
 from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, interrupted_line, main, parse_args
 from agl_trainer.local import ToolLatency
@@ -150,6 +151,24 @@ def test_configured_logging_shows_progress_lines_when_not_a_tty() -> None:
             logging.getLogger(name).propagate = True
     [line] = stream.getvalue().splitlines()  # httpx's INFO line stays quiet
     assert line.endswith(" INFO agl_rollout.progress: train rollouts progress done=4 total=4")
+
+
+def test_a_log_line_goes_above_the_progress_bar_instead_of_running_on_from_it() -> None:
+    stream = io.StringIO()
+    handler = configure_logging(stream)
+    bar = tqdm(total=4, desc="Training Progress", file=stream)
+    try:
+        bar.update(1)
+        logging.getLogger("agl_trainer").warning("step 1: all 16 rollouts failed")
+    finally:
+        bar.close()
+        for name in AGL_LOGGERS:
+            logging.getLogger(name).removeHandler(handler)
+            logging.getLogger(name).setLevel(logging.NOTSET)
+            logging.getLogger(name).propagate = True
+    lines = stream.getvalue().replace("\r", "\n").splitlines()
+    [warning] = [line for line in lines if "rollouts failed" in line]
+    assert warning.split(" ", 1)[1] == "WARNING agl_trainer: step 1: all 16 rollouts failed"
 
 
 def test_runner_controller_selects_the_real_agl_controller_for_the_toy_agents() -> None:

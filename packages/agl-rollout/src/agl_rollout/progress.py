@@ -32,7 +32,8 @@ class WaitProgress:
 
     ``enabled=None`` draws the live line only when ``stream`` is a TTY; otherwise (CI, log
     files) nothing is written to ``stream`` and a structured log line goes out at most every
-    10 s and once at the end. ``clock`` is the wall clock (``EnqueuedRollout.enqueue_time``'s).
+    10 s, and once at the end of a wait that logged one: a wait over in seconds says nothing.
+    ``clock`` is the wall clock (``EnqueuedRollout.enqueue_time``'s).
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class WaitProgress:
         self.clock = clock
         self.started = clock()
         self._last_log = self.started
+        self._logged = False
 
     def update(self, done: int, counts: WaitCounts, pending: Mapping[str, EnqueuedRollout]) -> None:
         now = self.clock()
@@ -76,7 +78,8 @@ class WaitProgress:
         if self.live:
             self.stream.write(f"\r{self._line(done, counts, fields, now)}{_CLEAR_TO_EOL}\n")
             self.stream.flush()
-        self._log(done, counts, fields, now)
+        elif self._logged:
+            self._log(done, counts, fields, now)
 
     def _line(self, done: int, counts: WaitCounts, fields: dict[str, str], now: float) -> str:
         outcomes = f"ok={counts.n_succeeded} failed={counts.n_failed} timed_out={counts.n_timed_out}"
@@ -84,6 +87,7 @@ class WaitProgress:
         return f"{self.label}: {done}/{self.total} done  {outcomes}  {details}  elapsed={now - self.started:.0f}s"
 
     def _log(self, done: int, counts: WaitCounts, fields: dict[str, str], now: float) -> None:
+        self._logged = True
         details = " ".join(f"{key}={value}" for key, value in fields.items())
         logger.info(
             "%s progress done=%d total=%d succeeded=%d failed=%d timed_out=%d %s elapsed_s=%.1f",

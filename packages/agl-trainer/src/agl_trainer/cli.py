@@ -224,14 +224,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _AboveProgressBar(logging.StreamHandler[TextIO]):
+    """Writes each line through ``tqdm.write``: above the trainer's progress bar while one is
+    drawn (a plain write would run on from the bar), plainly otherwise."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's contract: report, never raise
+            self.handleError(record)
+
+
 def configure_logging(stream: TextIO | None = None) -> logging.Handler:
-    """Show agl's INFO lines (rollout progress when stderr is no TTY, per-step notes) on ``stream``.
+    """Show agl's INFO lines (progress of long rollout waits, per-step notes) on ``stream``,
+    above the trainer's progress bar.
 
     The handler goes on agl's loggers only, which stop propagating (verl installs a root handler,
     so agl's lines would show twice); other libraries keep their own handlers and levels, so
     httpx's per-request INFO lines stay quiet. Returns the handler.
     """
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _AboveProgressBar(stream or sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     for name in AGL_LOGGERS:
         agl_logger = logging.getLogger(name)

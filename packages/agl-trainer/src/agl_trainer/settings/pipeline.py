@@ -103,6 +103,9 @@ def parse_pipeline(
             },
             k8s_job_template_path=text(select(config, "agentlightning.k8s.job_template_path")),
             include_routed_experts=routing_replay_key(config) is not None,
+            # The trainer's own bar and per-step lines share the terminal: no live line of its own
+            # (it ran on into them); a long wait is still logged every 10 s.
+            progress=False,
         ),
         hooks=text(agl.hooks),
         take_timeout_s=2 * rollout_timeout + drain_timeout_s,
