@@ -8,6 +8,7 @@ as the trainer's publisher does (:func:`_publish`). No agent writes its own vers
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from agl_rollout import (
     AsyncRolloutState,
     CollectorError,
     GroupCollector,
+    RetryPolicy,
     RolloutHooks,
     RolloutManagerConfig,
     StalenessGate,
@@ -369,6 +371,24 @@ def test_stop_with_cancel_leaves_no_rollout_queued_or_running(fresh_agl_server: 
     assert cancelled == 4 * N == len(samples.handed_out) * N
     # The checkpoint's copy still holds the groups: a resume re-creates them.
     assert sum(len(group.pending) for group in state.groups) == 4 * N
+
+
+def test_stop_with_cancel_after_the_server_died_ends_the_clean_up_with_one_warning(
+    fresh_agl_server: AglServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No agent runs: the rollouts stay queued, pending for the collector.
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        collector = GroupCollector(_manager(client, max_groups=4), Samples(), StalenessGate(max_staleness=1))
+        collector.start()
+        collector.wait_polls(2, timeout_s=TAKE_TIMEOUT_S)
+        fresh_agl_server.stop()
+        client.retry = RetryPolicy(max_attempts=1)
+        with caplog.at_level(logging.WARNING, logger="agl_rollout"):
+            cancelled = collector.stop(cancel=True)
+    assert cancelled == 0
+    cancel_lines = [r.getMessage() for r in caplog.records if r.name == "agl_rollout.async"]
+    assert [line.split(":", 1)[0] for line in cancel_lines] == [f"{4 * N} pending rollouts not cancelled"]
+    assert not [r for r in caplog.records if "could not delete" in r.getMessage()]
 
 
 def test_groups_the_keep_filter_refuses_free_their_place_for_new_samples(

@@ -265,11 +265,15 @@ class RolloutTracker:
         return completed
 
     def cancel(self, record: EnqueuedRollout, reason: str) -> None:
-        """Mark a pending rollout failed with ``reason`` and delete it (best effort, logged)."""
+        """Mark a pending rollout failed with ``reason`` and delete it (best effort, logged).
+
+        Raises:
+            AglUnavailableError: the server cannot be reached (nothing else will be either).
+        """
         patch = RolloutStatusPatch(state=RolloutState.FAILED, error_message=reason)
         try:
             self.client.patch_rollout_status(record.rollout_id, patch)
-        except AglServerError as exc:  # already terminal (409) or gone (404): deleting is enough
+        except AglHTTPError as exc:  # already terminal (409) or gone (404): deleting is enough
             logger.debug("cancel: status of rollout_id=%s not patched: %s", record.rollout_id, exc)
         self._delete(record.rollout_id)
 

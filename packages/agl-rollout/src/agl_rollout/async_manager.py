@@ -24,6 +24,7 @@ from agl_rollout._tracker import RolloutTracker, WaitCounts
 from agl_rollout.batch import Batch, batch_len
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
+from agl_rollout.errors import AglUnavailableError
 from agl_rollout.hooks import HookRunner, RolloutHooks
 from agl_rollout.lifecycle import lifecycle_metrics
 from agl_rollout.progress import WaitProgress
@@ -271,10 +272,15 @@ class AsyncRolloutManager:
 
     def cancel_pending(self, reason: str) -> int:
         """Fail and delete every pending member on the server, so no agent runs or queues them on;
-        the groups stay held (a checkpoint's copy re-creates them on resume). Returns how many."""
-        pending = self.pending_rollouts()
-        for record in pending.values():
-            self._tracker.cancel(record, reason)
+        the groups stay held (a checkpoint's copy re-creates them on resume). Returns how many were
+        cancelled: a server that cannot be reached ends the clean-up with one warning."""
+        pending = list(self.pending_rollouts().values())
+        for n_done, record in enumerate(pending):
+            try:
+                self._tracker.cancel(record, reason)
+            except AglUnavailableError as exc:
+                logger.warning("%d pending rollouts not cancelled: %s", len(pending) - n_done, exc)
+                return n_done
         return len(pending)
 
     def requeue(self, group: CarriedGroup, step: int) -> None:
