@@ -10,6 +10,7 @@ folder that shares the tool environments and the tiny model of the usual one.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,6 +177,14 @@ def test_own_agent_through_pythonpath_trains_and_the_summary_says_what_was_train
     assert totals.samples_trained > 0
     summary = [line for line in run.stdout.read_text().splitlines() if line.startswith("agl-trainer: ")][-1]
     assert summary == f"agl-trainer: done. {totals.line()}."
+
+
+def test_the_console_has_one_line_per_step_and_none_of_the_rollout_waits(own_agent_run: OwnAgentRun) -> None:
+    run = own_agent_run.run
+    stdout = run.stdout.read_text()
+    step_lines = [m.group(1) for m in re.finditer(r"^step +(\d+)/2  reward ", stdout, flags=re.MULTILINE)]
+    assert step_lines == ["1", "2"]
+    assert "agl_rollout.progress" not in stdout + run.stderr.read_text()  # waits of seconds say nothing
 
 
 @pytest.mark.timeout(1200)
