@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from agl_trainer.local.services import VLLM_CHILD_PATH
+from agl_trainer.serving.lora import adapter_name, adapter_route
 
 
 def _route_module() -> ModuleType:
@@ -150,3 +151,12 @@ def test_the_listing_counts_each_adapters_calls_until_their_responses_are_sent()
     during, after = asyncio.run(scenario())
     assert during == {"m-v1": 2, "m-v2": 1}
     assert after == {}
+
+
+def test_an_adapter_of_a_model_path_is_named_in_one_url_path_segment() -> None:
+    name = adapter_name("/models/qwen2.5-1.5b", 3)
+    assert name == "_models_qwen2.5-1.5b-v3"
+    assert (
+        adapter_route("http://vllm-0:8000/v1", name)
+        == "http://vllm-0:8000/agl/adapters/_models_qwen2.5-1.5b-v3/v1"
+    )

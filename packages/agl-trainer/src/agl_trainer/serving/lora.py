@@ -6,11 +6,14 @@ PEFT folder under ``weights_dir/adapter_<version>`` and loaded on every server u
 model name, so each adapter gets a URL of its own (the ``agl_adapter_route`` middleware of the
 servers): the publisher registers that URL at the new version. Calls already running finish on
 the adapter they started with and new ones go to the new URL, so a push needs no pause. An
-adapter older than the served one is unloaded once no call uses it (the middleware counts them).
+adapter older than the last two is unloaded at the first push that finds no call using it (the
+middleware counts them).
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,14 +24,21 @@ from agl_trainer.serving.errors import WeightPushError
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
+logger = logging.getLogger(__name__)
+
 ADAPTERS_KEPT = 2
 """Adapters a server keeps loaded at least: the new version and the one served until the gateway's
 registrations move to it; older ones stay only while calls still use them."""
 
 
 def adapter_name(model: str, version: int) -> str:
-    """The name weight version ``version``'s adapter is loaded under."""
-    return f"{model}-v{version}"
+    """The name weight version ``version``'s adapter is loaded under: the served model's name with
+    every character a URL path segment cannot hold as is (``/`` of a model path) made ``_``."""
+    return f"{_adapter_prefix(model)}{version}"
+
+
+def _adapter_prefix(model: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._~-]", "_", model) + "-v"
 
 
 def adapter_route(endpoint: str, name: str) -> str:
@@ -67,11 +77,12 @@ class ExternalLoraPush:
         for endpoint in self.endpoints:
             try:
                 with VllmClient(server_root(endpoint), self.model) as client:
+                    if first:
+                        client.adapter_calls_in_flight()  # the middleware is there
                     client.load_lora_adapter(name, target)
                     if first:
-                        client.adapter_calls_in_flight()
                         for other in client.lora_adapters():
-                            if other != name and other.startswith(f"{self.model}-v"):
+                            if other != name and other.startswith(_adapter_prefix(self.model)):
                                 client.unload_lora_adapter(other)
             except httpx.HTTPError as exc:
                 raise WeightPushError(
@@ -82,7 +93,10 @@ class ExternalLoraPush:
                 raise WeightPushError(f"{endpoint}: {exc}") from exc
         self._loaded.append(version)
         self.served_version = version
-        self._unload_unused()
+        try:
+            self._unload_unused()
+        except (httpx.HTTPError, WeightPushError) as exc:  # the push itself worked: try again next time
+            logger.warning("old LoRA adapters not unloaded this time (the next push tries again): %r", exc)
         return {
             "training/weight_version": float(version),
             "training/weight_push_bytes": float(sum(f.stat().st_size for f in target.iterdir())),
