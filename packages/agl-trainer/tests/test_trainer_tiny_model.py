@@ -1,6 +1,7 @@
 """build_tiny_model: an offline Qwen2 folder that transformers loads back, deterministic by seed."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,21 @@ def test_existing_folder_built_with_other_arguments_is_replaced_when_asked(tmp_p
         load_file(build_tiny_model(tmp_path / "fresh", seed=0) / "model.safetensors"),
     )
     assert all(torch.equal(rebuilt[name], fresh[name]) for name in fresh)
+
+
+def test_a_folder_of_an_older_agl_whose_meta_lacks_the_output_layers_scale_is_replaced_when_asked(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    older = tmp_path / "older"
+    shutil.copytree(tiny_model, older)
+    meta = json.loads((older / "agl_tiny_model.json").read_text())
+    del meta["lm_head_std"]
+    (older / "agl_tiny_model.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="lm_head_std"):
+        build_tiny_model(older, seed=0)
+    assert build_tiny_model(older, seed=0, replace_other=True) == older
+    assert json.loads((older / "agl_tiny_model.json").read_text())["lm_head_std"] == "hidden_size**-0.5"
+    assert [item.name for item in tmp_path.iterdir()] == ["older"]
 
 
 def test_existing_foreign_folder_is_refused_even_when_replacing_is_asked(tmp_path: Path) -> None:

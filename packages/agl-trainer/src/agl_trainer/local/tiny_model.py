@@ -90,14 +90,16 @@ def build_tiny_model(
     params = _validated_params(
         seed=seed, vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers
     )
-    if target.exists():
-        if not (replace_other and _is_other_tiny_model(target, params)):
-            return _reuse(target, params)
-        shutil.rmtree(target)
+    if target.exists() and not (replace_other and _is_other_tiny_model(target, params)):
+        return _reuse(target, params)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _write_model(staging, params)
+        if target.exists():  # the other build moves aside whole, so no reader finds half a folder
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.replaced.", dir=target.parent))
+            target.rename(aside / target.name)
+            shutil.rmtree(aside, ignore_errors=True)
         try:
             staging.rename(target)
         except OSError:
@@ -130,8 +132,15 @@ def _meta(params: dict[str, int]) -> dict[str, int | str]:
 
 
 def _is_other_tiny_model(target: Path, params: dict[str, int]) -> bool:
+    """Whether ``target`` holds a tiny model (its meta file is there) built otherwise, or whose
+    meta file cannot be read."""
     meta = target / _META_FILE
-    return meta.is_file() and json.loads(meta.read_text()) != _meta(params)
+    if not meta.is_file():
+        return False
+    try:
+        return json.loads(meta.read_text()) != _meta(params)
+    except ValueError:
+        return True
 
 
 def _reuse(target: Path, params: dict[str, int]) -> Path:
