@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+from agl_trainer.local.console import write_above_progress_bar
 from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS
 from agl_trainer.local.toy_agents import RUNNERS
 from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
@@ -225,14 +226,11 @@ def _positive_int(text: str) -> int:
 
 
 class _AboveProgressBar(logging.StreamHandler[TextIO]):
-    """Writes each line through ``tqdm.write``: above the trainer's progress bar while one is
-    drawn (a plain write would run on from the bar), plainly otherwise."""
+    """Writes each line above the trainer's progress bar while one is drawn, plainly otherwise."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            write_above_progress_bar(self.format(record), self.stream)
         except Exception:  # logging's contract: report, never raise
             self.handleError(record)
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:
@@ -129,11 +129,12 @@ def follow_metrics(
         follower.poll()
 
 
-def _print_above_progress_bar(line: str) -> None:
-    # tqdm.write clears the trainer's "Training Progress" bar, prints, and draws the bar again.
+def write_above_progress_bar(line: str, file: TextIO | None = None) -> None:
+    """Write ``line`` to ``file`` (stdout) above the trainer's "Training Progress" bar: tqdm clears
+    the bar, writes, and draws it again (a plain write would run on from the bar)."""
     from tqdm import tqdm
 
-    tqdm.write(line)
+    tqdm.write(line, file=file)
 
 
 def compact_console(
@@ -142,7 +143,7 @@ def compact_console(
     loggers: Sequence[str],
     total_steps: int,
     fully_async: bool,
-    write: Callable[[str], None] = _print_above_progress_bar,
+    write: Callable[[str], None] = write_above_progress_bar,
 ) -> AbstractContextManager[object]:
     """While the block runs, write one :func:`step_line` per record of ``jsonl``, unless ``loggers``
     (``trainer.logger``) has verl's ``console``, which prints every metric itself."""
@@ -155,4 +156,11 @@ def compact_console(
     return follow_metrics(jsonl, on_record)
 
 
-__all__ = ("MetricsFollower", "compact_console", "follow_metrics", "step_line", "step_time_split")
+__all__ = (
+    "MetricsFollower",
+    "compact_console",
+    "follow_metrics",
+    "step_line",
+    "step_time_split",
+    "write_above_progress_bar",
+)
