@@ -26,6 +26,10 @@ def test_default_config_validates_with_the_reference_defaults() -> None:
     assert settings.pipeline.mode == "sync"
 
 
+def test_the_trainers_rollout_waits_draw_no_live_line_beside_its_own_bar_and_step_lines() -> None:
+    assert parse_settings(compose_config()).pipeline.manager.progress is False
+
+
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [

