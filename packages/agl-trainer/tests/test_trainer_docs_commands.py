@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from agl_testing.doc_commands import ROOT, DocCommand, doc_commands, markdown_commands
-from agl_testing.requirements import missing_requirement
+from agl_testing.requirements import tool_python
 from agl_trainer.assembly import CONFIG_ERRORS, production_config
 from agl_trainer.cli import (
     CliArgs,
@@ -47,7 +47,7 @@ from agl_trainer.cli import (
 )
 from agl_trainer.local.console import step_line
 from agl_trainer.local.controller import agl_controller_argv, controller_env
-from agl_trainer.local.envs import ToolEnvSpec, agl_server_spec, existing_tool_env, vllm_cpu_spec
+from agl_trainer.local.envs import agl_server_spec, vllm_cpu_spec
 from agl_trainer.local.services import agl_server_argv, key_env, vllm_argv, vllm_env
 
 pytestmark = pytest.mark.verl
@@ -198,20 +198,11 @@ def test_documented_agl_controller_command_gives_the_overrides_and_environment_a
     assert {name for name, _ in command.env} <= set(controller_env("key", base={})), command.where
 
 
-def _tool_python(spec: ToolEnvSpec) -> Path:
-    env = existing_tool_env(spec)
-    if env is None:
-        missing_requirement(
-            f"the {spec.name} tool environment is missing (agl-trainer creates it on first run)"
-        )
-    return env.python
-
-
 @pytest.mark.parametrize("command", [*SERVER, *CONTROLLER], ids=_ids([*SERVER, *CONTROLLER]))
 def test_documented_agentlightning_command_composes_in_the_real_programs_config(
     command: DocCommand, tmp_path: Path
 ) -> None:
-    python = _tool_python(agl_server_spec())
+    python = tool_python(agl_server_spec())
     build = _server_argv if command.program == "agl-server" else _controller_argv
     argv = [*build(command, python)[:3], *command.args, "--cfg", "job"]
     done = subprocess.run(argv, cwd=tmp_path, env=key_env("key"), capture_output=True, text=True, timeout=120)
@@ -264,7 +255,7 @@ def test_the_docs_give_an_external_vllm_server_every_flag_and_setting_agls_own_s
 @pytest.fixture(scope="module")
 def vllm_help() -> str:
     """What the server agl runs (``python -m agl_vllm_server``, in the vllm-cpu environment) says to ``--help``."""
-    python = _tool_python(vllm_cpu_spec())
+    python = tool_python(vllm_cpu_spec())
     argv = [*vllm_argv(python, model_path=Path("m"), port=1, served_model_name="m")[:3], "--help"]
     done = subprocess.run(argv, env=vllm_env(), capture_output=True, text=True, timeout=300, check=True)
     return done.stdout

