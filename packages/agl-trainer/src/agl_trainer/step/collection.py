@@ -109,7 +109,8 @@ class Collection:
         if self.collector is None or self._stopped:
             return
         self._stopped = True
-        # Also cuts short a retry the collector's thread is in: it reads the policy at every try.
+        # A retry the collector's thread is in ends at its next try (max_attempts and the deadline
+        # are read at every try; the delay it is sleeping was drawn from the old policy).
         self.client.retry = STOP_RETRY
         n_cancelled = self.collector.stop(cancel=True)
         if n_cancelled:
