@@ -29,6 +29,7 @@ from agl_rollout import (
     percentile,
     record_lifecycle,
     request_image_urls,
+    served_adapter_versions,
     to_native,
 )
 from agl_rollout.pacing import SweepPacer
@@ -491,6 +492,32 @@ def test_a_trimmed_call_without_a_raw_partner_leaves_the_rollouts_images_out_wit
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     raw = [_timed(1.0, ["a"]), _timed(2.0, ["b"])]
-    with caplog.at_level(logging.WARNING, logger="agl_rollout.images"):
+    with caplog.at_level(logging.WARNING, logger="agl_rollout.raw_calls"):
         assert image_urls_per_call([_trimmed(1.0, [1]), _trimmed(9.0, [1])], raw) is None
     assert "rollout r: model call 1 of the triplet view has no raw model_request event" in caplog.text
+
+
+def _answered_as(model: object) -> Event:
+    data = {"response": {"model": model, "choices": [{"token_ids": [2]}]}}
+    return Event(event_type="model_request", rollout_id="r", attempt_id="0", timestamp=1.0, data=data)
+
+
+def test_a_call_answered_by_an_adapter_of_the_prefix_is_at_that_adapters_version() -> None:
+    calls = [
+        _answered_as(m)
+        for m in ("agl-model-v3", "agl-model-v12", "agl-model", "agl-model-v3x", "other-v4", 7)
+    ]
+    assert served_adapter_versions(calls, "agl-model-v") == [3, 12, None, None, None, None]
+
+
+def test_extracted_triplets_take_the_served_adapters_version_over_the_registrations() -> None:
+    def call(version: int) -> Event:
+        data = {
+            "prompt_token_ids": [1],
+            "response_token_ids": [2],
+            "server": {"model": "m", "version": version},
+        }
+        return _event("model_request", data)
+
+    extraction = extract_triplets([call(5), call(5)], versions=[4, None])
+    assert [t.weight_version for t in extraction.triplets] == [4, 5]

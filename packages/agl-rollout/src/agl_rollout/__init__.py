@@ -23,6 +23,7 @@ from agl_rollout.images import image_urls_per_call, request_image_urls
 from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
+from agl_rollout.raw_calls import raw_call_per_triplet_call, served_adapter_versions
 from agl_rollout.retry import RetryPolicy
 from agl_rollout.staleness import (
     STALE_STRATEGIES,
@@ -80,6 +81,8 @@ __all__ = (
     "build_completed_rollout",
     "extract_triplets",
     "image_urls_per_call",
+    "raw_call_per_triplet_call",
+    "served_adapter_versions",
     "request_image_urls",
     "lifecycle_metrics",
     "percentile",

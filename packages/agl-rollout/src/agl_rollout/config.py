@@ -25,6 +25,9 @@ class RolloutManagerConfig:
     off, the server leaves them out, since they run to megabytes per call.
     ``include_images`` reads each model call's image URLs from its raw event (one more GET per
     rollout) and sets them on its triplet, for vision-language training.
+    ``served_adapter_prefix`` reads, from the same raw events, the LoRA adapter vLLM answered each
+    call with: one named ``<prefix><N>`` makes the call's weight version ``N``, whatever the
+    registration said (agl-trainer's adapter pushes switch adapters without moving it).
     """
 
     train_rollout_n: int = 1
@@ -38,6 +41,7 @@ class RolloutManagerConfig:
     progress: bool | None = None
     include_routed_experts: bool = False
     include_images: bool = False
+    served_adapter_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if self.train_rollout_n < 1:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from agl_rollout.convert import as_reward
-from agl_rollout.images import MODEL_REQUEST
+from agl_rollout.raw_calls import MODEL_REQUEST
 from agl_types import CompletedRollout, EnqueuedRollout, Event, Rollout, Triplet, TripletModelRequestData
 
 logger = logging.getLogger("agl_rollout.triplets")
@@ -26,16 +26,19 @@ class TripletExtraction:
     n_invalid_events: int
 
 
-def _triplet(event: Event, image_urls: list[str] | None) -> Triplet | None:
+def _triplet(event: Event, image_urls: list[str] | None, version: int | None) -> Triplet | None:
     try:
         data = TripletModelRequestData.model_validate(event.data)
         if data.is_error or not data.response_token_ids:
             return None
+        server = data.server.model_dump()
+        if version is not None:
+            server["version"] = version
         return Triplet(
             prompt_token_ids=data.prompt_token_ids,
             response_token_ids=data.response_token_ids,
             response_log_probs=data.response_log_probs,
-            metadata={"server": data.server.model_dump()},
+            metadata={"server": server},
             routed_experts=data.routed_experts,
             image_urls=image_urls or None,
         )
@@ -45,7 +48,9 @@ def _triplet(event: Event, image_urls: list[str] | None) -> Triplet | None:
 
 
 def extract_triplets(
-    events: Sequence[Event], image_urls: Sequence[list[str]] | None = None
+    events: Sequence[Event],
+    image_urls: Sequence[list[str]] | None = None,
+    versions: Sequence[int | None] | None = None,
 ) -> TripletExtraction:
     """Build the triplets of one rollout from its ``format=triplet`` events.
 
@@ -53,18 +58,26 @@ def extract_triplets(
     numeric ``value`` is the final reward and is also set on the last triplet. Invalid events
     are skipped and counted. Unlike the reference, an invalid later reward does not hide an
     earlier valid one. ``image_urls``, when given, holds each ``model_request``'s images, one list
-    per call (:func:`agl_rollout.images.image_urls_per_call`).
+    per call (:func:`agl_rollout.images.image_urls_per_call`); ``versions``, when given, each
+    call's served weight version where known (:func:`agl_rollout.raw_calls.served_adapter_versions`),
+    which replaces the version of the registration the gateway recorded.
     """
     calls = [event for event in events if event.event_type == MODEL_REQUEST]
     if image_urls is not None and len(image_urls) != len(calls):
         raise ValueError(f"image_urls has {len(image_urls)} lists for {len(calls)} model_request events")
+    if versions is not None and len(versions) != len(calls):
+        raise ValueError(f"versions has {len(versions)} values for {len(calls)} model_request events")
     triplets: list[Triplet] = []
     final_reward: float | None = None
     n_invalid = 0
     n_calls = 0
     for event in events:
         if event.event_type == MODEL_REQUEST:
-            triplet = _triplet(event, None if image_urls is None else image_urls[n_calls])
+            triplet = _triplet(
+                event,
+                None if image_urls is None else image_urls[n_calls],
+                None if versions is None else versions[n_calls],
+            )
             n_calls += 1
             if triplet is None:
                 n_invalid += 1
