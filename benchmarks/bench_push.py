@@ -173,7 +173,8 @@ def main() -> None:
     if args.embedded_steps > 0:
         print(f"\nfully async, {args.embedded_steps} steps: training/async/gateway_paused_seconds per step")
         for label, extra in (("full weights", []), ("LoRA", LORA_ARGS)):
-            paused = paused_seconds(run_mode("fully-async", args.embedded_steps, "0.5:6", extra))
+            overrides = [f"steps={args.embedded_steps}", "tool_latency=0.5:6", "trainer.test_freq=2", *extra]
+            paused = paused_seconds(run_mode("fully-async", overrides))
             print(f"  {label:12} median {statistics.median(paused):.4f} s, max {max(paused):.4f} s")
 
 

@@ -628,6 +628,6 @@ def test_fully_async_steps_overlap_and_every_tokens_version_is_the_one_that_serv
     trained_after = _trainer_log_probs(trainer, actor, prompt, continuation)
     assert trainer.weight_version == 2
     assert _max_abs_diff(served_after, trained_after) < atol, "vLLM must serve the trained weights"
-    if lora:  # adapters load beside the served one: the gateway pauses only to swap the registrations
-        assert all(m["training/async/gateway_paused_seconds"] < 0.1 for m in recorded.metrics)
+    if lora:  # adapters load beside the served one and the servers switch to them: no pause at all
+        assert all(m["training/async/gateway_paused_seconds"] == 0.0 for m in recorded.metrics)
         assert not any("training/async/proxy_drain_seconds" in m for m in recorded.metrics)

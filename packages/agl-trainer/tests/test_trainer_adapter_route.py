@@ -160,3 +160,34 @@ def test_an_adapter_of_a_model_path_is_named_in_one_url_path_segment() -> None:
         adapter_route("http://vllm-0:8000/v1", name)
         == "http://vllm-0:8000/agl/adapters/_models_qwen2.5-1.5b-v3/v1"
     )
+
+
+def _request(route: Any, method: str, path: str, body: bytes) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(route({"type": "http", "method": method, "path": path, "headers": []}, receive, send))
+    return sent
+
+
+def test_the_current_url_is_answered_by_the_adapter_last_made_current() -> None:
+    app = RecordingApp()
+    route = _route_module().AdapterRoute(app)
+    completions = "/agl/adapters/current/v1/completions"
+    assert _request(route, "POST", completions, b"{}")[0]["status"] == 503  # none current yet
+    for name in ("m-v1", "m-v2"):
+        made = _request(route, "PUT", "/agl/adapters/current", json.dumps({"name": name}).encode())
+        assert (made[0]["status"], json.loads(made[1]["body"])) == (200, {"current": name})
+    assert _request(route, "POST", completions, json.dumps({"model": "m"}).encode())[0]["status"] == 200
+    assert (app.scope["path"], json.loads(app.body)) == ("/v1/completions", {"model": "m-v2"})
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"name": ""}', b'{"name": "a/b"}', b'{"name": "current"}', b"x"])
+def test_making_current_anything_but_one_adapter_name_is_a_bad_request(body: bytes) -> None:
+    sent = _request(_route_module().AdapterRoute(RecordingApp()), "PUT", "/agl/adapters/current", body)
+    assert sent[0]["status"] == 400

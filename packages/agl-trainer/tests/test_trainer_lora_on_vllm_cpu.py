@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -27,7 +28,7 @@ from agl_testing.vllm_server import ServedTinyModel
 from agl_trainer.local import VllmServer, existing_tool_env, start_vllm, vllm_cpu_spec
 from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.serving.errors import WeightPushError
-from agl_trainer.serving.lora import ExternalLoraPush, adapter_name, adapter_route
+from agl_trainer.serving.lora import CURRENT, ExternalLoraPush, adapter_name, adapter_route
 from agl_trainer.serving.vllm_client import VllmClient
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 from agl_trainer.verl_glue.workers import PolicyWorkers, build_policy_workers, compose_verl_config
@@ -143,6 +144,12 @@ def test_an_adapter_push_serves_the_actors_log_probs_at_its_versions_url_and_kee
     trained = _actor_log_probs(actor)
     served = _served_log_probs(_adapter_url(vllm, 3))
     assert _max_abs_diff(served, trained) < ATOL
+    # The URL the gateway registers answers with the last pushed adapter, under its name (which
+    # records the call's version).
+    current = adapter_route(vllm.url, CURRENT)
+    assert _served_log_probs(current.removesuffix("/v1")) == served
+    answer = httpx.post(f"{current}/completions", json={"model": SERVED, "prompt": PROMPT, "max_tokens": 1})
+    assert answer.json()["model"] == adapter_name(SERVED, 3)
     assert _max_abs_diff(trained, base) > 100 * ATOL  # the adapter moved the probe: the test could fail
     assert _max_abs_diff(_served_log_probs(vllm.url), base) < ATOL  # the base model is left as it was
     with VllmClient(vllm.url, SERVED) as client:

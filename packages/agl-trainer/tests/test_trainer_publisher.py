@@ -34,7 +34,8 @@ ENDPOINT = "http://127.0.0.1:9/v1"
 
 class GatewayObservingPusher(ReplacesServedWeights):
     """A weight pusher that records, at each push, the version and the gateway's state; with
-    ``beside``, it loads each version beside the served one (as LoRA adapters are), at its own route."""
+    ``beside``, it loads each version beside the served one and makes it current (as LoRA adapters
+    are), at one route for every version."""
 
     def __init__(self, client: AglClient, *, beside: bool = False) -> None:
         self.client = client
@@ -42,7 +43,7 @@ class GatewayObservingPusher(ReplacesServedWeights):
         self.pauses = not beside
 
     def route(self, endpoint: str, version: int) -> str:
-        return endpoint if self.pauses else adapter_route(endpoint, f"m-v{version}")
+        return endpoint if self.pauses else adapter_route(endpoint, "current")
 
     def release(self) -> None:
         return None
@@ -112,7 +113,7 @@ def test_sync_mode_publish_pushes_drained_and_leaves_the_gateway_paused_for_the_
 
 
 @pytest.mark.parametrize("fully_async", [True, False])
-def test_a_version_loaded_beside_the_served_one_is_pushed_without_a_pause_then_registered_at_its_route(
+def test_a_version_loaded_beside_the_served_one_is_pushed_and_registered_without_a_pause(
     fresh_agl_server: AglServerProcess, fully_async: bool
 ) -> None:
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
@@ -127,15 +128,23 @@ def test_a_version_loaded_beside_the_served_one_is_pushed_without_a_pause_then_r
             return register(models)
 
         client.register_models = observed_register  # type: ignore[method-assign]
+        deletes: list[bool] = []
+        delete = client.delete_models
+
+        def observed_delete() -> None:
+            deletes.append(True)
+            delete()
+
+        client.delete_models = observed_delete  # type: ignore[method-assign]
         metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
         paused_after = client.proxy_state().paused
     assert pusher.pushes == [(0, False, 0), (1, False, 0)]  # the gateway stayed open while pushing
-    # Registered at its route, the gateway paused for that swap alone in the fully-async mode (the
-    # sync modes' gateway is open here only because the test opened it).
-    assert registered == [("http://127.0.0.1:9/agl/adapters/m-v1/v1", 1, fully_async)]
+    # The same route, updated in place at the new version with the gateway open (the sync modes'
+    # gateway is open here only because the test opened it).
+    assert registered == [("http://127.0.0.1:9/agl/adapters/current/v1", 1, False)]
+    assert deletes == []  # updated in place: no moment without a server
     assert not paused_after
-    assert (metrics["training/async/gateway_paused_seconds"] > 0) is fully_async
-    assert metrics["training/async/gateway_paused_seconds"] < 1.0
+    assert metrics["training/async/gateway_paused_seconds"] == 0.0
 
 
 class FailingPusher(ReplacesServedWeights):

@@ -97,6 +97,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             top_up=BatchTopUp(lambda: iter(self.train_dataloader)),
             drain=settings.server.drain,
             include_images=processor is not None,
+            served_adapter_prefix=weight_pusher.served_adapter_prefix,
         )
         self.adapter = settings.adapter.build(tokenizer, processor)
         self.kl_ctrl = kl_controller(settings.advantages)

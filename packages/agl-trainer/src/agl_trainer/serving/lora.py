@@ -3,11 +3,13 @@
 Each version is the actor's adapter alone (``actor_rollout_ref.model.lora_rank > 0``), saved as a
 PEFT folder under ``weights_dir/adapter_<version>`` and loaded on every server under the name
 ``<model>-v<version>`` through vLLM's runtime LoRA loading. The gateway sends every call under one
-model name, so each adapter gets a URL of its own (the ``agl_adapter_route`` middleware of the
-servers): the publisher registers that URL at the new version. Calls already running finish on
-the adapter they started with and new ones go to the new URL, so a push needs no pause. An
-adapter older than the last two is unloaded at the first push that finds no call using it (the
-middleware counts them).
+model name to one URL per server, ``.../agl/adapters/current/v1``, which the servers'
+``agl_adapter_route`` middleware answers with the adapter the trainer made current; a push loads
+the new adapter and makes it current, so the registrations never change and the gateway is never
+paused. Calls already running finish on the adapter they started with. vLLM answers each call
+under the adapter's name, which is how its version is recorded (agl-rollout's
+``served_adapter_prefix``). An adapter older than the last two is unloaded at the first push that
+finds no call using it (the middleware counts them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
+
+CURRENT = "current"
+"""The adapter-route middleware's name for the adapter the trainer made current."""
 
 ADAPTERS_KEPT = 2
 """Adapters a server keeps loaded at least: the new version and the one served until the gateway's
@@ -62,8 +67,13 @@ class ExternalLoraPush:
     def release(self) -> None:
         return None  # the servers run on their own devices
 
+    @property
+    def served_adapter_prefix(self) -> str:
+        return _adapter_prefix(self.model)
+
     def route(self, endpoint: str, version: int) -> str:
-        return adapter_route(endpoint, adapter_name(self.model, version))
+        """The same URL at every version: the server's current adapter answers it."""
+        return adapter_route(endpoint, CURRENT)
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """Load ``version``'s adapter on every server (the first push also unloads what a run before
@@ -80,6 +90,7 @@ class ExternalLoraPush:
                     if first:
                         client.adapter_calls_in_flight()  # the middleware is there
                     client.load_lora_adapter(name, target)
+                    client.make_adapter_current(name)
                     if first:
                         for other in client.lora_adapters():
                             if other != name and other.startswith(_adapter_prefix(self.model)):
@@ -127,4 +138,4 @@ class ExternalLoraPush:
                 client.close()
 
 
-__all__ = ("ADAPTERS_KEPT", "ExternalLoraPush", "adapter_name", "adapter_route")
+__all__ = ("ADAPTERS_KEPT", "CURRENT", "ExternalLoraPush", "adapter_name", "adapter_route")

@@ -7,7 +7,7 @@ resumes (the sync modes resume it when the next step starts). No call spans two 
 that fails removes the registrations first, so no endpoint that took the new weights serves
 calls recorded under the old version; the error names the endpoint. A pusher that loads each
 version beside the previous one (LoRA adapters, :mod:`agl_trainer.serving.lora`) needs no pause:
-the registrations move to the new version's route, and calls in flight finish on the old one.
+its routes stay, the servers switch to the new version, and calls in flight finish on the old one.
 """
 
 from __future__ import annotations
@@ -65,28 +65,16 @@ class Publisher:
         }
 
     def _publish_beside(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
-        """Load ``version`` beside the served one, then move the registrations to its routes.
+        """Load ``version`` beside the served one and register its routes at it, without a pause.
 
-        The gateway can only replace a set of endpoints by deleting them all first; in the fully-async
-        mode it is paused for that one round trip (no drain: calls in flight finish on the old route),
-        so no agent meets a gateway without servers. The sync modes' gateway is paused already.
+        The routes are the same at every version, so the registrations are updated in place: the
+        gateway never lacks a server. The version a call is recorded with is the adapter the server
+        answered it with (the pusher's ``served_adapter_prefix``), not the registration's.
         """
         metrics = self._push(workers, version)
-        routes = model_registrations(
-            self.model_name,
-            [self.pusher.route(endpoint, version) for endpoint in self.endpoints],
-            version=version,
-        )
-        started = time.perf_counter()
-        if self.resume:
-            self.client.pause(f"register weights v{version}", retry_after_seconds=1)
-        self.client.register_models(routes)
-        if self.resume:
-            self.client.resume()
-        return {
-            **metrics,
-            "training/async/gateway_paused_seconds": time.perf_counter() - started if self.resume else 0.0,
-        }
+        routes = [self.pusher.route(endpoint, version) for endpoint in self.endpoints]
+        self.client.register_models(model_registrations(self.model_name, routes, version=version))
+        return {**metrics, "training/async/gateway_paused_seconds": 0.0}
 
     def _push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """The pusher's push; a failed one leaves no registration (no endpoint serves under a wrong version)."""

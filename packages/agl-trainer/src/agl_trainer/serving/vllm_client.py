@@ -92,6 +92,15 @@ class VllmClient:
         response.raise_for_status()
         return [entry["id"] for entry in response.json()["data"] if entry.get("parent")]
 
+    def make_adapter_current(self, name: str) -> None:
+        """Make the loaded adapter ``name`` answer ``/agl/adapters/current/...`` (the middleware's)."""
+        response = self._http.put("/agl/adapters/current", json={"name": name})
+        if response.status_code != 200:
+            raise WeightPushError(
+                f"{self.url}/agl/adapters/current refused the adapter {name} (HTTP {response.status_code}): "
+                f"{response.text[:2000]}"
+            )
+
     def adapter_calls_in_flight(self) -> dict[str, int]:
         """The calls each adapter's URL is answering now, as the ``agl_adapter_route`` middleware counts."""
         response = self._http.get("/agl/adapters")

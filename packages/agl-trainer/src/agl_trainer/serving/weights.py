@@ -29,11 +29,16 @@ class WeightPusher(Protocol):
     after them (and once before the first step), whether or not the actor changed: both are
     no-ops when there is nothing to do. ``pauses``: a push needs the gateway paused and its calls
     drained (one that replaces the weights a call is using); :meth:`route` is the URL the gateway
-    registers for an endpoint at a version.
+    registers for an endpoint at a version. ``served_adapter_prefix``: the servers answer each call
+    as the adapter ``<prefix><version>`` that served it, which records the call's version (None:
+    the registration's version is the served one).
     """
 
     @property
     def pauses(self) -> bool: ...
+
+    @property
+    def served_adapter_prefix(self) -> str | None: ...
 
     def route(self, endpoint: str, version: int) -> str:
         """The OpenAI base URL the gateway sends ``version``'s calls to on ``endpoint``'s server."""
@@ -53,6 +58,7 @@ class ReplacesServedWeights:
     gateway and drains its calls, and the gateway keeps routing to the endpoints as they are."""
 
     pauses = True
+    served_adapter_prefix: str | None = None
 
     def route(self, endpoint: str, version: int) -> str:
         return endpoint

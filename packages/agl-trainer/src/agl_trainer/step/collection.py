@@ -64,13 +64,18 @@ class Collection:
         top_up: BatchTopUp,
         drain: Drain,
         include_images: bool = False,
+        served_adapter_prefix: str | None = None,
     ) -> None:
-        """``include_images``: read each model call's images (a vision-language model's run)."""
+        """``include_images``: read each model call's images (a vision-language model's run);
+        ``served_adapter_prefix``: record each call at the version of the adapter that answered it
+        (the weight pusher's)."""
         self.client = client
         self.settings = settings
         self.top_up = top_up
         self.drain = drain
-        self._manager_config = replace(settings.manager, include_images=include_images)
+        self._manager_config = replace(
+            settings.manager, include_images=include_images, served_adapter_prefix=served_adapter_prefix
+        )
         self._hooks = load_hooks(settings.hooks) if settings.hooks else None
         self.val_manager = SyncRolloutManager(client, self._manager_config, hooks=self._hooks)
         self.collector: GroupCollector | None = None

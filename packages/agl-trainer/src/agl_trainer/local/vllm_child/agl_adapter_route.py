@@ -6,6 +6,11 @@ own); registering ``http://host:port/agl/adapters/<adapter>/v1`` as the endpoint
 it routes there use that adapter, so each weight version can be a LoRA adapter of its own name,
 loaded while calls to the previous one finish. Requests outside the prefix pass unchanged.
 
+``/agl/adapters/current/v1/<route>`` is answered by the adapter last named by
+``PUT /agl/adapters/current`` (body ``{"name": <adapter>}``): registered once, that URL moves to
+each new weight version without the gateway's registrations changing. vLLM answers a call under
+the adapter's name, which records which one served it.
+
 ``GET /agl/adapters`` answers ``{"calls_in_flight": {<name>: <count>}}``, the calls each adapter's
 URL is answering now (adapters with none left out), so the trainer unloads an old adapter only
 once no call uses it.
@@ -20,6 +25,7 @@ from typing import Any
 
 PREFIX = "/agl/adapters/"
 LISTING = PREFIX.rstrip("/")
+CURRENT = "current"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,6 +40,7 @@ class AdapterRoute:
     def __init__(self, app: App) -> None:
         self.app = app
         self.calls_in_flight: dict[str, int] = {}
+        self.current: str | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -44,6 +51,16 @@ class AdapterRoute:
             await self.app(scope, receive, send)
             return
         name, _, rest = path[len(PREFIX) :].partition("/")
+        if name == CURRENT and not rest.strip("/") and scope.get("method") == "PUT":
+            await self._make_current(receive, send)
+            return
+        if name == CURRENT:
+            if self.current is None:
+                await _answer(
+                    send, 503, {"error": "no adapter is current yet: PUT /agl/adapters/current first"}
+                )
+                return
+            name = self.current
         # Counted from its arrival, its body still coming, until the app has sent the whole
         # response (the app returns after a stream's last chunk).
         self.calls_in_flight[name] = self.calls_in_flight.get(name, 0) + 1
@@ -53,6 +70,18 @@ class AdapterRoute:
             self.calls_in_flight[name] -= 1
             if not self.calls_in_flight[name]:
                 del self.calls_in_flight[name]
+
+    async def _make_current(self, receive: Receive, send: Send) -> None:
+        try:
+            payload = json.loads(await _read_body(receive))
+        except ValueError:
+            payload = None
+        name = payload.get("name") if isinstance(payload, dict) else None
+        if not isinstance(name, str) or not name or "/" in name or name == CURRENT:
+            await _bad_request(send, 'expected {"name": <adapter name>} (one path segment, not "current")')
+            return
+        self.current = name
+        await _answer(send, 200, {"current": name})
 
     async def _serve(self, scope: Scope, name: str, rest: str, receive: Receive, send: Send) -> None:
         body = await _read_body(receive)
