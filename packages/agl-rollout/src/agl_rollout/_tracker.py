@@ -22,7 +22,7 @@ from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
 from agl_rollout.errors import AglHTTPError, AglServerError, RolloutsLostError
 from agl_rollout.hooks import HookRunner
-from agl_rollout.images import request_image_urls
+from agl_rollout.images import raw_calls_image_urls
 from agl_rollout.lifecycle import record_lifecycle
 from agl_rollout.raw_calls import MODEL_REQUEST, raw_call_per_triplet_call, served_adapter_versions
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
@@ -218,16 +218,15 @@ class RolloutTracker:
         events = self.client.get_events(
             rid, triplet=True, include_routed_experts=self.config.include_routed_experts
         )
-        images = versions = None
-        if self.config.include_images or self.config.served_adapter_prefix is not None:
+        prefix = self.config.served_adapter_prefix
+        paired = None  # each call's raw event, read when images or served adapters are wanted
+        if self.config.include_images or prefix is not None:
             calls = self.client.get_events(rid, event_type=MODEL_REQUEST, include_routed_experts=False)
             paired = raw_call_per_triplet_call(events, calls)
-            if self.config.include_images:
-                images = (
-                    None if paired is None else [request_image_urls(c.data.get("request")) for c in paired]
-                )
-            if self.config.served_adapter_prefix is not None and paired is not None:
-                versions = served_adapter_versions(paired, self.config.served_adapter_prefix)
+        images = raw_calls_image_urls(paired) if paired is not None and self.config.include_images else None
+        versions = (
+            served_adapter_versions(paired, prefix) if paired is not None and prefix is not None else None
+        )
         extraction = extract_triplets(events, images, versions)
         completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
         self._delete(rid)

@@ -49,7 +49,12 @@ def image_urls_per_call(
     such a rollout's rows that hold image tokens are then dropped by the adapter.
     """
     paired = raw_call_per_triplet_call(triplet_events, raw_events)
-    return None if paired is None else [request_image_urls(call.data.get("request")) for call in paired]
+    return None if paired is None else raw_calls_image_urls(paired)
 
 
-__all__ = ("MODEL_REQUEST", "image_urls_per_call", "request_image_urls")
+def raw_calls_image_urls(raw_calls: Sequence[Event]) -> list[list[str]]:
+    """The image URLs of each raw ``model_request`` event's request."""
+    return [request_image_urls(call.data.get("request")) for call in raw_calls]
+
+
+__all__ = ("MODEL_REQUEST", "image_urls_per_call", "raw_calls_image_urls", "request_image_urls")

@@ -32,8 +32,8 @@ CURRENT = "current"
 """The adapter-route middleware's name for the adapter the trainer made current."""
 
 ADAPTERS_KEPT = 2
-"""Adapters a server keeps loaded at least: the new version and the one served until the gateway's
-registrations move to it; older ones stay only while calls still use them."""
+"""Adapters a server keeps loaded at least: the new version and the one made current before it;
+older ones stay only while calls still use them."""
 
 
 def adapter_name(model: str, version: int) -> str:
