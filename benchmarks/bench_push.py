@@ -60,7 +60,7 @@ LORA_ARGS = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lor
 
 def build_model(size: str, root: Path) -> Path:
     """The ``size`` model folder under ``root`` (random weights, the tiny model's tokenizer)."""
-    tiny = build_tiny_model(root / "tiny", seed=0)
+    tiny = build_tiny_model(root / "tiny", seed=0, replace_other=True)  # the benchmark's own folder
     if size == "tiny":
         return tiny
     target = root / size

@@ -55,12 +55,12 @@ from agl_trainer.local import (
     ensure_tool_env,
     start_agl_server,
 )
-from agl_trainer.local.tiny_model import build_tiny_model
+from agl_trainer.local.demo import build_embedded_model
 
 SERVED = "smoke-policy"  # deliberately not the model path
 run = cache_dir() / "runs" / f"gpu-smoke-{time.strftime('%Y%m%d-%H%M%S')}"
 run.mkdir(parents=True)
-model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2")
+model = build_embedded_model()
 task = TOY_TASKS["digits"](model)
 for name, n in (("train", 64), ("test", 4)):
     (run / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in task.samples(n)))

@@ -176,11 +176,22 @@ def agent_slots(config: DictConfig) -> int:
     return pipeline.manager.train_rollout_n * pipeline.admission.max_groups
 
 
+def embedded_model_path() -> Path:
+    """Where the embedded default keeps its tiny model: agl's cache."""
+    return cache_dir() / "models" / "tiny-qwen2"
+
+
+def build_embedded_model() -> Path:
+    """Build (or reuse) the embedded default's tiny model; a cached one an older agl built
+    otherwise is replaced: the folder is agl's own."""
+    return build_tiny_model(embedded_model_path(), replace_other=True)
+
+
 def check_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The run's config as :func:`run_embedded_default` will compose it (placeholder addresses),
     validated before any process starts; ``ValueError`` names the key, the value and the fix."""
     on_gpu = _on_gpu(overrides)
-    model = cache_dir() / "models" / "tiny-qwen2"
+    model = embedded_model_path()
     placeholder = f"http://{LOOPBACK}:1"
     inference = (
         [*GPU_OVERRIDES]
@@ -255,7 +266,7 @@ def _run_in(
     metrics = run_dir / "metrics.jsonl"
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics)  # verl's "file" logger writes here
     server_env = ensure_tool_env(agl_server_spec())
-    model = build_tiny_model(cache_dir() / "models" / "tiny-qwen2", replace_other=True)
+    model = build_embedded_model()
     toy = dataclasses.replace(TOY_TASKS[task](model), tool_latency=tool_latency)
     # verl's replicas serve the model under its path; the CPU vLLM server under a short name.
     served_name = str(model) if on_gpu else DEFAULT_SERVED_MODEL
@@ -373,7 +384,9 @@ __all__ = (
     "STEP_SECONDS",
     "DemoRun",
     "agent_slots",
+    "build_embedded_model",
     "check_config",
+    "embedded_model_path",
     "run_embedded_default",
     "start_message",
     "with_file_logger",
