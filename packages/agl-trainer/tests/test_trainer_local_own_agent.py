@@ -25,6 +25,7 @@ import pytest
 from agl_testing.key_scan import KeyScan, find_processes, process_env
 from agl_testing.requirements import missing_requirement
 from agl_trainer.local import RunTotals, agl_server_spec, cache_dir, existing_tool_env, vllm_cpu_spec
+from agl_trainer.local.demo import build_embedded_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
 
@@ -77,10 +78,17 @@ class Run:
         return [line for line in self.stderr.read_text().splitlines() if line.startswith("agl-trainer: ")]
 
 
+def _as_a_script_starts_it_in_the_background() -> None:
+    """SIGINT ignored, as a shell without job control hands it to ``agl-trainer &`` (CI runners and
+    scripts do): the command must hear Ctrl-C and its supervisor's interrupt all the same."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_trainer(
     tmp_path: Path, args: tuple[str, ...], python_path: Path | None = None, models: Path | None = None
 ) -> Run:
-    """``agl-trainer *args`` started in ``tmp_path`` (its own session, like a terminal's job); its
+    """``agl-trainer *args`` started in ``tmp_path`` (its own session, like a terminal's job, with
+    SIGINT ignored, like a script's background job, whatever this test process was handed); its
     cache's ``models`` folder is ``models`` (default: the usual cache's, with its tiny model)."""
     server_env, vllm_env = existing_tool_env(agl_server_spec()), existing_tool_env(vllm_cpu_spec())
     if server_env is None or vllm_env is None:
@@ -89,6 +97,8 @@ def start_trainer(
         )
     cache = tmp_path / "cache"
     cache.mkdir()
+    if models is None:
+        build_embedded_model()  # the usual cache's tiny model, whichever test of the suite runs first
     (cache / "models").symlink_to(models or cache_dir() / "models", target_is_directory=True)
     env = {
         **os.environ,
@@ -102,7 +112,13 @@ def start_trainer(
     stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         process = subprocess.Popen(
-            [str(AGL_TRAINER), *args], cwd=tmp_path, env=env, stdout=out, stderr=err, start_new_session=True
+            [str(AGL_TRAINER), *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=_as_a_script_starts_it_in_the_background,
         )
     return Run(process, cache, stdout, stderr)
 

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,21 @@ def _kill(pid: int | None) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+@pytest.fixture(params=["default", "ignored"])
+def inherited_sigint(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """SIGINT as the process was handed it: Python's default, or ignored, as a shell without job
+    control hands it to a command it runs in the background (``cmd &``: CI runners, scripts)."""
+    handler = signal.default_int_handler if request.param == "default" else signal.SIG_IGN
+    before = signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.timeout(120)
-def test_a_killed_agl_server_interrupts_the_main_thread_within_a_second_naming_its_exit_code_and_log(
-    tmp_path: Path,
+def test_a_killed_agl_server_interrupts_the_main_thread_within_seconds_naming_its_exit_code_and_log(
+    tmp_path: Path, inherited_sigint: Any
 ) -> None:
     with start_agl_server(server_python(), tmp_path) as server, Supervisor() as supervisor:
         supervisor.watch(server.process)
@@ -60,7 +73,9 @@ def test_a_killed_agl_server_interrupts_the_main_thread_within_a_second_naming_i
         _kill(server.process.pid)
         with pytest.raises(KeyboardInterrupt):
             time.sleep(30)
-        assert time.monotonic() - killed_at < 1.5
+        # Generous for a loaded 2-core machine; the supervisor checks every 0.5 s.
+        assert time.monotonic() - killed_at < 5
+    assert signal.getsignal(signal.SIGINT) is inherited_sigint  # given back as it was handed
     assert (
         supervisor.failure
         == f"agl-server exited with code -9 during the run; its log: {tmp_path / 'agl-server.log'}"
