@@ -1,4 +1,4 @@
-"""Specified behaviours of the async wait and of the gateway drain, against the real agl-server.
+"""Specified behaviours of the carry-over collector and of the gateway drain, against the real agl-server.
 
 Requests are counted by a FaultProxy that injects nothing: it only relays and logs them.
 """
@@ -14,10 +14,13 @@ import httpx
 import pytest
 
 from agl_rollout import (
+    Admission,
     AglClient,
     AsyncRolloutManager,
+    GroupCollector,
     RolloutHooks,
     RolloutManagerConfig,
+    StalenessGate,
     SyncRolloutManager,
     TraceWriter,
     model_registrations,
@@ -69,6 +72,35 @@ def _second_of_x0(behaviour: AgentBehaviour) -> Any:
     return pick
 
 
+class Finite:
+    """The samples ``{"x": i}`` for i in ``xs``, as many as asked for until none is left."""
+
+    def __init__(self, *xs: int) -> None:
+        self._left = list(xs)
+
+    def __call__(self, k: int) -> list[dict[str, Any]]:
+        taken, self._left = self._left[:k], self._left[k:]
+        return [{"x": x} for x in taken]
+
+
+def _carry_over(
+    client: AglClient,
+    config: RolloutManagerConfig,
+    samples: Finite,
+    hooks: RolloutHooks,
+    *,
+    per_step: int,
+    held: int,
+) -> GroupCollector:
+    """The collector of the trainer's carry-over async mode (``--async``)."""
+    manager = AsyncRolloutManager(
+        client, config, train_batch_size=per_step, async_train_batch_size=held, hooks=hooks
+    )
+    return GroupCollector(
+        manager, samples, StalenessGate(None), admission=Admission.carry_over(per_step, held)
+    )
+
+
 def test_finished_members_of_an_unfinished_async_group_are_never_polled_or_hooked_again(
     fresh_agl_server: AglServerProcess,
 ) -> None:
@@ -79,19 +111,18 @@ def test_finished_members_of_an_unfinished_async_group_are_never_polled_or_hooke
         FaultProxy(fresh_agl_server.port) as proxy,
         AglClient(proxy.url, TEST_KEY) as client,
         FakeAgents(fresh_agl_server.url, behaviour=_second_of_x0(AgentBehaviour(wait_for=second_may_finish))),
+        _carry_over(client, config, Finite(0, 1), hooks, per_step=1, held=2) as collector,
     ):
-        manager = AsyncRolloutManager(
-            client, config, train_batch_size=1, async_train_batch_size=2, hooks=hooks
-        )
-        step1 = manager.enqueue_and_wait_until_group_completed([{"x": 0}, {"x": 1}], step=1)
-        [carried] = manager.state.groups
+        step1 = collector.take(0, timeout_s=60)
+        [carried] = collector.state.groups
         [finished] = [r.rollout_id for r in carried.completed]
         n_requests_at_step1 = len(proxy.requests)
         second_may_finish.set()
-        step2 = manager.enqueue_and_wait_until_group_completed([], step=2)
-    assert [r.input["x"] for r in step1.completed] == [1, 1]
-    assert [r.input["x"] for r in step2.completed] == [0, 0]
-    assert finished in {r.rollout_id for r in step2.completed}
+        collector.step_done()
+        step2 = collector.take(1, timeout_s=60)
+    assert [r.input["x"] for r in step1.rollouts] == [1, 1]
+    assert [r.input["x"] for r in step2.rollouts] == [0, 0]
+    assert finished in {r.rollout_id for r in step2.rollouts}
     assert any(finished in path for _, path in proxy.requests[:n_requests_at_step1])  # it was polled once
     assert [path for _, path in proxy.requests[n_requests_at_step1:] if finished in path] == []
     assert sorted(hooks.hooked.values()) == [1, 1, 1, 1]
@@ -112,17 +143,16 @@ def test_a_rollout_past_its_timeout_in_async_mode_completes_its_group_as_timed_o
     with (
         AglClient(fresh_agl_server.url, TEST_KEY) as client,
         FakeAgents(fresh_agl_server.url, behaviour=behaviour),
+        _carry_over(client, config, Finite(0, 1, 2, 3, 4), hooks, per_step=2, held=3) as collector,
     ):
-        manager = AsyncRolloutManager(
-            client, config, train_batch_size=2, async_train_batch_size=3, hooks=hooks
-        )
-        step1 = manager.enqueue_and_wait_until_group_completed([{"x": 0}, {"x": 1}, {"x": 2}], step=1)
-        # x=1 and x=2 completed first; x=0 completes when its stuck member times out, before
-        # x=3 and x=4, so it is the oldest complete group the next step takes.
-        step2 = manager.enqueue_and_wait_until_group_completed([{"x": 3}, {"x": 4}], step=2)
+        step1 = collector.take(0, timeout_s=60)
+        collector.step_done()  # admits x=3 and x=4 in the places x=1 and x=2 freed
+        # x=0 completes when its stuck member times out, before x=3 and x=4, so it is the oldest
+        # complete group the next step takes.
+        step2 = collector.take(1, timeout_s=60)
         left = client.list_rollouts(list(RolloutState))
-    assert sorted(r.input["x"] for r in step1.completed) == [1, 1, 2, 2]
-    x0 = [r for r in step2.completed if r.input["x"] == 0]
+    assert sorted(r.input["x"] for r in step1.rollouts) == [1, 1, 2, 2]
+    x0 = [r for r in step2.rollouts if r.input["x"] == 0]
     assert sorted((r.timed_out, r.rollout_state, r.error_message) for r in x0) == [
         (False, RolloutState.SUCCEEDED, None),
         (True, RolloutState.FAILED, "timed out by trainer after 1 s"),

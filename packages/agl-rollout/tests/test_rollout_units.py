@@ -521,3 +521,10 @@ def test_extracted_triplets_take_the_served_adapters_version_over_the_registrati
 
     extraction = extract_triplets([call(5), call(5)], versions=[4, None])
     assert [t.weight_version for t in extraction.triplets] == [4, 5]
+
+
+def test_the_collectors_admission_is_the_only_formula_for_how_many_groups_to_start() -> None:
+    # The async manager holds groups; how many samples to enqueue is GroupCollector's Admission
+    # alone (a second formula beside it had no caller and could drift from it).
+    second_formula = ("shortfall", "enqueue_and_wait_until_group_completed")
+    assert [name for name in second_formula if hasattr(AsyncRolloutManager, name)] == []

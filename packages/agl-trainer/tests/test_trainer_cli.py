@@ -251,6 +251,33 @@ def test_a_size_out_of_range_is_one_line_naming_the_key_and_value_with_exit_code
 
 
 @pytest.mark.verl
+@pytest.mark.parametrize(
+    ("mode", "gen_batch_size"),
+    [("--sync", 6), ("--async", 6), ("--fully-async", 6), ("--sync", 2), ("--fully-async", 2)],
+)
+def test_a_gen_batch_size_other_than_the_train_batch_size_is_one_line_naming_both_keys_with_exit_code_2(
+    mode: str, gen_batch_size: int
+) -> None:
+    # The command: with gen 6 > train 4 the run started no rollout in 420 s; with gen < train
+    # (DAPO's recipes allow it, here with dynamic sampling on) a step could never fill.
+    done = _agl_trainer(
+        mode,
+        "steps=3",
+        "data.train_batch_size=4",
+        f"data.gen_batch_size={gen_batch_size}",
+        "algorithm.filter_groups.enable=true",
+    )
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (
+        2,
+        f"agl-trainer: data.gen_batch_size ({gen_batch_size}) must be null or equal to "
+        "data.train_batch_size (4): a step generates its train_batch_size groups, dynamic sampling "
+        "refills a filtered group's place at once and --async / --fully-async run groups ahead, so no "
+        "other generation batch is needed; remove data.gen_batch_size",
+    )
+    assert "embedded default" not in done.stdout, "nothing started"
+
+
+@pytest.mark.verl
 def test_a_command_started_with_verl_platform_cpu_in_its_environment_reads_its_config(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -91,6 +91,42 @@ def test_invalid_combination_fails_at_start_naming_the_key(overrides: list[str],
         parse_settings(compose_config(overrides))
 
 
+_MODES = {
+    "sync": [],
+    "async": [
+        "agentlightning.async_rollout.enabled=true",
+        "agentlightning.async_rollout.async_train_batch_size=8",
+    ],
+    "fully_async": [
+        "agentlightning.fully_async.enabled=true",
+        "agentlightning.external_servers.endpoints=[http://127.0.0.1:9/v1]",
+    ],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+@pytest.mark.parametrize("gen_batch_size", [2, 6])
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_a_gen_batch_size_other_than_the_train_batch_size_is_refused_in_every_mode_naming_both_keys(
+    mode: str, gen_batch_size: int, dynamic_sampling: bool
+) -> None:
+    overrides = [
+        *_MODES[mode],
+        "data.train_batch_size=4",
+        f"data.gen_batch_size={gen_batch_size}",
+        f"algorithm.filter_groups.enable={str(dynamic_sampling).lower()}",
+    ]
+    message = f"data.gen_batch_size ({gen_batch_size}) must be null or equal to data.train_batch_size (4): "
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_settings(compose_config(overrides))
+
+
+@pytest.mark.parametrize("mode", sorted(_MODES))
+def test_a_gen_batch_size_equal_to_the_train_batch_size_generates_one_steps_groups(mode: str) -> None:
+    overrides = [*_MODES[mode], "data.train_batch_size=4", "data.gen_batch_size=4"]
+    assert parse_settings(compose_config(overrides)).pipeline.admission.groups_per_step == 4
+
+
 def test_gae_validates_once_rollout_level_advantage_is_off() -> None:
     config = compose_config(["algorithm.adv_estimator=gae", "algorithm.enable_rollout_level_advantage=false"])
     parse_settings(config)

@@ -88,3 +88,27 @@ def test_each_mode_keeps_its_groups_in_flight_and_the_demo_runs_an_agent_for_eac
     )
     assert parse_settings(config).pipeline.admission.max_groups == groups
     assert agent_slots(config) == 3 * groups
+
+
+CARRY_OVER = (
+    "agentlightning.async_rollout.enabled=true",
+    "agentlightning.async_rollout.async_train_batch_size=6",
+)
+
+
+def test_carry_over_async_bounds_staleness_and_corrects_by_default_as_fully_async() -> None:
+    carry_over = parse_settings(compose_config([*CARRY_OVER, "data.train_batch_size=4"]))
+    fully_async = parse_settings(compose_config([ON, EXTERNAL, "data.train_batch_size=4"]))
+    assert (carry_over.pipeline.gate.max_staleness, carry_over.pipeline.gate.strategy) == (2, "drop")
+    assert carry_over.pipeline.gate == fully_async.pipeline.gate
+    assert carry_over.correction is not None
+    assert (carry_over.correction.rollout_is, carry_over.correction.rollout_is_threshold) == ("token", 2.0)
+    assert carry_over.correction == fully_async.correction
+
+
+def test_carry_over_async_with_max_staleness_0_trains_on_policy_groups_only_and_uncorrected() -> None:
+    settings = parse_settings(
+        compose_config([*CARRY_OVER, "agentlightning.fully_async.max_staleness=0", "data.train_batch_size=4"])
+    )
+    assert settings.correction is not None  # verl's section, logging rollout_corr/* metrics only
+    assert (settings.pipeline.gate.max_staleness, settings.correction.corrects) == (0, False)

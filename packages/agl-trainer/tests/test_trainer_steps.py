@@ -277,6 +277,38 @@ def test_startup_hook_that_raises_is_logged_and_training_goes_on(
     assert trainer.global_steps == 2  # the one step ran
 
 
+def test_a_val_only_run_opens_the_hooks_before_validating_and_ends_with_the_gateway_resumed(
+    model_path: Path, fresh_agl_server: AglServerProcess, ray_cluster: None, tmp_path: Path
+) -> None:
+    hooks_file = tmp_path / "hooks.py"
+    log = tmp_path / "hooks.log"
+    hooks_file.write_text(
+        "from pathlib import Path\n"
+        "from agl_rollout import RolloutHooks\n\n"
+        "class Judge(RolloutHooks):\n"
+        "    judge = None\n\n"
+        "    def on_startup(self, store=None) -> None:\n"
+        "        self.judge = 'open'\n\n"
+        "    def on_succeeded(self, rollout, events, store) -> None:\n"
+        f"        with Path({str(log)!r}).open('a') as out:\n"
+        "            out.write(f'{self.judge}\\n')\n"
+    )
+    trainer = _trainer(
+        model_path,
+        fresh_agl_server,
+        tmp_path,
+        f"agentlightning.hooks={hooks_file}",
+        "trainer.val_before_train=true",
+        "trainer.val_only=true",
+    )
+    with FakeAgents(fresh_agl_server.url, behaviour=AgentBehaviour(reward=1.0)) as agents:
+        trainer.fit()
+    assert len(agents.stats.claimed) == len(VAL_ROWS)
+    assert log.read_text().splitlines() == ["open"] * len(VAL_ROWS)  # on_startup ran before them
+    assert fresh_agl_server.rollout_ids() == []
+    assert trainer.client.proxy_state().paused is False  # the first publish paused it (sync)
+
+
 def test_fit_finishes_the_tracker_with_exit_code_1_when_a_step_raises(
     model_path: Path,
     fresh_agl_server: AglServerProcess,

@@ -16,11 +16,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
-from agl_rollout.errors import AglHTTPError, AglServerError, RolloutsLostError
+from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError, RolloutsLostError
 from agl_rollout.hooks import HookRunner
 from agl_rollout.images import raw_calls_image_urls
 from agl_rollout.lifecycle import record_lifecycle
@@ -282,6 +283,17 @@ class RolloutTracker:
         except AglHTTPError as exc:  # already terminal (409) or gone (404): deleting is enough
             logger.debug("cancel: status of rollout_id=%s not patched: %s", record.rollout_id, exc)
         self._delete(record.rollout_id)
+
+    def cancel_all(self, records: Sequence[EnqueuedRollout], reason: str) -> int:
+        """:meth:`cancel` each of ``records``; returns how many were cancelled. A server that cannot
+        be reached ends the clean-up with one warning."""
+        for n_done, record in enumerate(records):
+            try:
+                self.cancel(record, reason)
+            except AglUnavailableError as exc:
+                logger.warning("%d pending rollouts not cancelled: %s", len(records) - n_done, exc)
+                return n_done
+        return len(records)
 
     def _delete(self, rollout_id: str) -> None:
         try:

@@ -1,39 +1,31 @@
-"""Async mode: keep ``async_train_batch_size`` GRPO groups in flight, train on the first complete ones.
+"""The groups the collector holds: ``async_train_batch_size`` GRPO groups at most, by ``data_id``.
 
-A group (one ``data_id``) is complete when all ``train_rollout_n`` of its rollouts are
-terminal. Each step returns ``train_batch_size`` complete groups; every other group is
-carried over whole to the next step: unfinished groups keep waiting, and complete groups
-beyond the step's need are kept for the next step, never lost. Members that finished are
-finished once (hooked, turned into a CompletedRollout and deleted on the server when first
-seen) and never polled or hooked again. The carried state is a pydantic model, so a trainer
-can checkpoint it and resume, also against a restarted server: pending members it lost are
-created again (``training/async/n_lost_rollouts_recreated``); so are those a server restart
-loses during a wait (``training/n_rollouts_recreated``, :mod:`agl_rollout.recovery`).
+A group (one ``data_id``) is complete when all ``train_rollout_n`` of its rollouts are terminal.
+:class:`AsyncRolloutManager` is driven by :class:`~agl_rollout.collector.GroupCollector`'s thread,
+the one producer of training groups (its admission rule says how many samples to enqueue): it
+enqueues groups, sweeps the server, and hands complete groups over; unfinished ones carry over whole.
+Members that finished are finished once (hooked, turned into a CompletedRollout and deleted on the
+server when first seen) and never polled or hooked again. The carried state is a pydantic model,
+so a trainer can checkpoint it and resume, also against a restarted server: pending members it
+lost are created again (``training/async/n_lost_rollouts_recreated``); so are those a server
+restart loses during a wait (``training/n_rollouts_recreated``, :mod:`agl_rollout.recovery`).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
 from agl_rollout._tracker import RolloutTracker, WaitCounts
-from agl_rollout.batch import Batch, batch_len
+from agl_rollout.batch import Batch
 from agl_rollout.client import AglClient
 from agl_rollout.config import RolloutManagerConfig
-from agl_rollout.errors import AglUnavailableError
 from agl_rollout.hooks import HookRunner, RolloutHooks
-from agl_rollout.lifecycle import lifecycle_metrics
-from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue, rollout_request
 from agl_rollout.recovery import RecoveryBudget, recover_lost
-from agl_rollout.sync_manager import RolloutBatchResult
-from agl_types import CompletedRollout, EnqueuedRollout, ModelRegistration
-
-logger = logging.getLogger("agl_rollout.async")
+from agl_types import CompletedRollout, EnqueuedRollout
 
 
 class CarriedGroup(BaseModel):
@@ -71,22 +63,9 @@ class AsyncRolloutState(BaseModel):
     groups: list[CarriedGroup] = Field(default_factory=list[CarriedGroup])
 
 
-def _weight_version_span(group: CarriedGroup) -> int | None:
-    """How many weight versions produced the group's model calls (1 = one policy); ``None``
-    when no triplet of it carries a version (no model call, or a gateway that records none).
-    """
-    span = group.version_span()
-    return None if span is None else span[1] - span[0] + 1
-
-
-def _mean_max(prefix: str, values: list[int]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {f"{prefix}/mean": sum(values) / len(values), f"{prefix}/max": float(max(values))}
-
-
 class AsyncRolloutManager:
-    """Waits by group: see the module docstring. Construct once per training run."""
+    """Waits by group: see the module docstring. Construct once per training run. ``hooks``: the
+    user's hooks, or a :class:`HookRunner` shared with another manager (their calls never overlap)."""
 
     def __init__(
         self,
@@ -95,7 +74,7 @@ class AsyncRolloutManager:
         *,
         train_batch_size: int,
         async_train_batch_size: int | None,
-        hooks: RolloutHooks | None = None,
+        hooks: RolloutHooks | HookRunner | None = None,
         state: AsyncRolloutState | None = None,
     ) -> None:
         if train_batch_size < 1:
@@ -109,7 +88,7 @@ class AsyncRolloutManager:
         self.config = config
         self.train_batch_size = train_batch_size
         self.async_train_batch_size = async_train_batch_size
-        self.hooks = HookRunner(hooks, client)
+        self.hooks = hooks if isinstance(hooks, HookRunner) else HookRunner(hooks, client)
         restored = state.model_copy(deep=True) if state is not None else AsyncRolloutState()
         self._groups = {group.data_id: group for group in restored.groups}
         self._next_seq = restored.next_completed_seq
@@ -130,44 +109,6 @@ class AsyncRolloutManager:
     @property
     def n_groups_held(self) -> int:
         return len(self._groups)
-
-    def shortfall(self) -> int:
-        """How many samples the next step should enqueue to hold ``async_train_batch_size`` groups."""
-        return max(0, self.async_train_batch_size - len(self._groups))
-
-    def enqueue_and_wait_until_group_completed(
-        self, batch: Batch, *, step: int, models: Sequence[ModelRegistration] | None = None
-    ) -> RolloutBatchResult:
-        """Enqueue ``batch`` (normally ``shortfall()`` samples) and return ``train_batch_size`` complete groups.
-
-        The returned rollouts are grouped: the members of each group are adjacent. Groups are
-        chosen oldest first (the step that enqueued them), then by completion order.
-        """
-        n_new = batch_len(batch)
-        if len(self._groups) + n_new < self.train_batch_size:
-            raise ValueError(
-                f"the async manager holds {len(self._groups)} groups and the batch adds {n_new}, but a step "
-                f"needs train_batch_size={self.train_batch_size}; enqueue shortfall()={self.shortfall()} "
-                "samples per step"
-            )
-        n_prev_rollouts = sum(group.n_rollouts for group in self._groups.values())
-        n_hook_errors_before = self.hooks.n_errors
-        if models is not None:
-            self.client.register_models(models)
-        n_recreated = self.recreate_lost_after_resume()
-        self.enqueue(batch, step)
-        counts = WaitCounts()
-        self._wait_for_complete_groups(counts)
-        trained = self._take_complete_groups()
-        completed = [rollout for group in trained for rollout in group.completed]
-        metrics = {
-            **counts.metrics(),
-            "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
-            **lifecycle_metrics(completed),
-            **self._async_metrics(step, n_prev_rollouts, trained),
-            "training/async/n_lost_rollouts_recreated": float(n_recreated),
-        }
-        return RolloutBatchResult(completed=completed, metrics=metrics)
 
     def enqueue(self, batch: Batch, step: int) -> None:
         """Create ``train_rollout_n`` rollouts per sample of ``batch``, each sample a new group first seen at ``step``."""
@@ -229,11 +170,6 @@ class AsyncRolloutManager:
             counts.n_recreated += self._recreate_lost(list(pending.values()))
         return newly_complete
 
-    @property
-    def n_complete(self) -> int:
-        """Complete groups held, waiting to be taken."""
-        return sum(group.is_complete for group in self._groups.values())
-
     def groups(self) -> list[CarriedGroup]:
         """The groups held (the manager's own objects: read them on the thread that drives it)."""
         return list(self._groups.values())
@@ -252,13 +188,6 @@ class AsyncRolloutManager:
         complete.sort(key=lambda group: (group.first_step, group.completed_seq or 0))
         return complete
 
-    def release(self, groups: Sequence[CarriedGroup]) -> None:
-        """Stop holding ``groups`` (taken for training, or dropped by the caller); a step's end, so
-        the budget of lost-rollout recoveries starts over."""
-        self.new_wait()
-        for group in groups:
-            del self._groups[group.data_id]
-
     def new_wait(self) -> None:
         """Start the budget of lost-rollout recoveries over (once per step)."""
         self._recoveries = RecoveryBudget(self.client.base_url)
@@ -274,14 +203,7 @@ class AsyncRolloutManager:
         """Fail and delete every pending member on the server, so no agent runs or queues them on;
         the groups stay held (a checkpoint's copy re-creates them on resume). Returns how many were
         cancelled: a server that cannot be reached ends the clean-up with one warning."""
-        pending = list(self.pending_rollouts().values())
-        for n_done, record in enumerate(pending):
-            try:
-                self._tracker.cancel(record, reason)
-            except AglUnavailableError as exc:
-                logger.warning("%d pending rollouts not cancelled: %s", len(pending) - n_done, exc)
-                return n_done
-        return len(pending)
+        return self._tracker.cancel_all(list(self.pending_rollouts().values()), reason)
 
     def requeue(self, group: CarriedGroup, step: int) -> None:
         """Replace a complete group by a fresh one of the same sample: ``train_rollout_n`` new rollouts
@@ -310,42 +232,6 @@ class AsyncRolloutManager:
         fresh = CarriedGroup(data_id=group.data_id, first_step=step)
         fresh.pending.update((r.rollout_id, r) for r in records)
         self._groups[group.data_id] = fresh
-
-    def _wait_for_complete_groups(self, counts: WaitCounts) -> None:
-        n_complete = self.n_complete
-        progress = WaitProgress("async groups", self.train_batch_size, enabled=self.config.progress)
-        while n_complete < self.train_batch_size:
-            n_complete += self.poll(counts)
-            pending = {rid: r for g in self._groups.values() for rid, r in g.pending.items()}
-            progress.update(min(n_complete, self.train_batch_size), counts, pending)
-            if n_complete < self.train_batch_size:
-                time.sleep(self.config.poll_interval_seconds)
-        progress.close(self.train_batch_size, counts)
-
-    def _take_complete_groups(self) -> list[CarriedGroup]:
-        trained = self.complete_groups()[: self.train_batch_size]
-        self.release(trained)
-        return trained
-
-    def _async_metrics(
-        self, step: int, n_prev_rollouts: int, trained: list[CarriedGroup]
-    ) -> dict[str, float]:
-        held = list(self._groups.values())
-        spans = [_weight_version_span(group) for group in trained]
-        known_spans = [span for span in spans if span is not None]
-        return {
-            "training/async/n_prev_carry_over_rollouts": float(n_prev_rollouts),
-            "training/async/n_completed_rollouts": float(sum(group.n_rollouts for group in trained)),
-            "training/async/n_new_carry_over_rollouts": float(sum(group.n_rollouts for group in held)),
-            "training/async/new_carry_over_age_max_steps": float(
-                max((step - group.first_step for group in held), default=0)
-            ),
-            **_mean_max(
-                "training/async/trained_group_staleness", [step - group.first_step for group in trained]
-            ),
-            **_mean_max("training/async/trained_group_weight_version_span", known_spans),
-            "training/async/n_trained_groups_without_weight_version": float(len(spans) - len(known_spans)),
-        }
 
 
 __all__ = ("AsyncRolloutManager", "AsyncRolloutState", "CarriedGroup")

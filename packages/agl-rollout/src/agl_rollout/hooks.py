@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -71,12 +72,19 @@ def overrides(hooks: RolloutHooks, name: str) -> bool:
 
 
 class HookRunner:
-    """Runs the hooks of one manager, logging and counting (``n_errors``) the ones that raise."""
+    """Runs the hooks of one manager, logging and counting (``n_errors``) the ones that raise.
 
-    def __init__(self, hooks: RolloutHooks | None, client: AglClient) -> None:
+    Each hook call holds ``lock``: runners that share one (the trainer's validation wait on the main
+    thread and its collector's thread) never call the hooks object at the same time.
+    """
+
+    def __init__(
+        self, hooks: RolloutHooks | None, client: AglClient, *, lock: threading.Lock | None = None
+    ) -> None:
         self.hooks = hooks
         self.client = client
         self.n_errors = 0
+        self.lock = lock or threading.Lock()
 
     def wants_events(self, state: RolloutState) -> bool:
         """Whether the hook for a rollout ending in ``state`` is overridden (else skip fetching events)."""
@@ -88,7 +96,8 @@ class HookRunner:
         if self.hooks is None:
             return
         try:
-            self.hooks.on_startup()
+            with self.lock:
+                self.hooks.on_startup()
         except Exception:
             self._failed("on_startup", None)
 
@@ -96,7 +105,8 @@ class HookRunner:
         if self.hooks is None:
             return request
         try:
-            result = self.hooks.on_enqueue(request.model_copy(deep=True))
+            with self.lock:
+                result = self.hooks.on_enqueue(request.model_copy(deep=True))
             if not isinstance(result, RolloutCreate):  # pyright: ignore[reportUnnecessaryIsInstance]
                 raise TypeError(
                     f"on_enqueue must return a RolloutCreate, returned {type(result).__qualname__}"
@@ -114,7 +124,8 @@ class HookRunner:
         hook = self.hooks.on_succeeded if succeeded else self.hooks.on_failed
         writer = BufferedTraceWriter()
         try:
-            hook(rollout, {rollout.visible_attempt_id: events}, writer)
+            with self.lock:
+                hook(rollout, {rollout.visible_attempt_id: events}, writer)
             writer.flush(self.client)
         except Exception:
             self._failed("on_succeeded" if succeeded else "on_failed", rollout.rollout_id)

@@ -34,15 +34,23 @@ class SyncRolloutManager:
     server as soon as it is seen, so server state stays bounded by what is in flight. A
     rollout that never ends is failed by the trainer after ``rollout_timeout_seconds``. Sweeps
     come every ``poll_interval_seconds``, further apart while the wave is young and far from done
-    (:class:`~agl_rollout.pacing.SweepPacer`).
+    (:class:`~agl_rollout.pacing.SweepPacer`). A wait that raises (Ctrl-C, an error) leaves its
+    rollouts to :meth:`cancel_pending`. ``hooks``: the user's hooks, or a :class:`HookRunner`
+    shared with another manager (the calls of the two then never overlap).
     """
 
     def __init__(
-        self, client: AglClient, config: RolloutManagerConfig, *, hooks: RolloutHooks | None = None
+        self,
+        client: AglClient,
+        config: RolloutManagerConfig,
+        *,
+        hooks: RolloutHooks | HookRunner | None = None,
     ) -> None:
         self.client = client
         self.config = config
-        self.hooks = HookRunner(hooks, client)
+        self.hooks = hooks if isinstance(hooks, HookRunner) else HookRunner(hooks, client)
+        self._unfinished: tuple[RolloutTracker, dict[str, EnqueuedRollout]] | None = None
+        """The tracker and pending rollouts of a wait that raised (or is running)."""
 
     def enqueue_and_wait_until_completed(
         self,
@@ -73,15 +81,27 @@ class SyncRolloutManager:
             return RolloutBatchResult(completed=[])
         tracker = RolloutTracker(self.client, self.config, self.hooks)
         tracker.sync_cursor()
-        enqueue(self.client, queued)
         pending = {record.rollout_id: record for record in queued.enqueued}
+        self._unfinished = (tracker, pending)
+        enqueue(self.client, queued)
         completed, counts = self._wait(tracker, pending, is_train=is_train)
+        self._unfinished = None
         metrics = {
             **counts.metrics(),
             "training/n_hook_errors": float(self.hooks.n_errors - n_hook_errors_before),
             **lifecycle_metrics(completed),
         }
         return RolloutBatchResult(completed=completed, metrics=metrics)
+
+    def cancel_pending(self, reason: str) -> int:
+        """Fail and delete on the server every rollout of a wait that raised, so no agent runs or
+        queues them on. Returns how many were cancelled: a server that cannot be reached ends the
+        clean-up with one warning."""
+        if self._unfinished is None:
+            return 0
+        tracker, pending = self._unfinished
+        self._unfinished = None
+        return tracker.cancel_all(list(pending.values()), reason)
 
     def _wait(
         self, tracker: RolloutTracker, pending: dict[str, EnqueuedRollout], *, is_train: bool

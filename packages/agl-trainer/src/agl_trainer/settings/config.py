@@ -83,7 +83,7 @@ def parse_settings(config: DictConfig) -> Settings:
         lora_rank=server.lora_rank,
     )
     cap = optional_positive(BEHAVIOUR_WEIGHT_CAP_KEY, select_or_null(config, BEHAVIOUR_WEIGHT_CAP_KEY, 2.0))
-    stale_samples = pipeline.mode == "fully_async" and pipeline.gate.max_staleness != 0
+    stale_samples = pipeline.mode != "sync" and pipeline.gate.max_staleness != 0
     return Settings(
         server=server,
         pipeline=pipeline,

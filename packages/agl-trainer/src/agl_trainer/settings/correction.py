@@ -2,7 +2,7 @@
 parsing, and the correction a run trains with.
 
 An absent or null section turns the correction off. **On by default where samples are stale**: in
-the fully-async mode with ``max_staleness`` != 0 a sample's calls may come from weights up to K
+the async modes (fully async and carry-over) with ``max_staleness`` != 0 a sample's calls may come from weights up to K
 versions behind π_prox (the recomputed old log-probs), so the PPO ratio alone would treat it as
 on-policy. :func:`training_correction` then gives each token the truncated importance weight
 min(π_prox / π_behaviour, cap) (decoupled PPO, as in AReaL, with verl's truncated IS:

@@ -59,6 +59,15 @@ def parse_pipeline(
     gen_batch_size = integer(
         "data.gen_batch_size", select(config, "data.gen_batch_size", train_batch_size), minimum=1
     )
+    if gen_batch_size != train_batch_size:
+        # A larger generation batch would start groups no step trains (sync drops them as stale); a
+        # smaller one would hold fewer groups than a step takes. Neither is needed: see docs/modes.md.
+        raise ValueError(
+            f"data.gen_batch_size ({gen_batch_size}) must be null or equal to data.train_batch_size "
+            f"({train_batch_size}): a step generates its train_batch_size groups, dynamic sampling refills a "
+            "filtered group's place at once and --async / --fully-async run groups ahead, so no other "
+            "generation batch is needed; remove data.gen_batch_size"
+        )
     mode = _mode(config)
     max_staleness = optional_integer(
         "agentlightning.fully_async.max_staleness",
@@ -86,10 +95,8 @@ def parse_pipeline(
     return PipelineSettings(
         mode=mode,
         train_batch_size=train_batch_size,
-        admission=_admission(config, mode, train_batch_size, gen_batch_size, max_staleness),
-        gate=StalenessGate(max_staleness, strategy)
-        if mode == "fully_async"
-        else StalenessGate(None if mode == "carry_over" else 0),
+        admission=_admission(config, mode, train_batch_size, max_staleness),
+        gate=StalenessGate(0) if mode == "sync" else StalenessGate(max_staleness, strategy),
         manager=RolloutManagerConfig(
             train_rollout_n=integer(
                 "actor_rollout_ref.rollout.n", config.actor_rollout_ref.rollout.n, minimum=1
@@ -128,11 +135,9 @@ def _mode(config: DictConfig) -> Mode:
     return "fully_async" if fully_async else "carry_over" if carry_over else "sync"
 
 
-def _admission(
-    config: DictConfig, mode: Mode, train_batch_size: int, gen_batch_size: int, max_staleness: int | None
-) -> Admission:
+def _admission(config: DictConfig, mode: Mode, train_batch_size: int, max_staleness: int | None) -> Admission:
     if mode == "sync":
-        return Admission.sync(gen_batch_size)
+        return Admission.sync(train_batch_size)
     if mode == "carry_over":
         held = select(config, "agentlightning.async_rollout.async_train_batch_size")
         if isinstance(held, bool) or not isinstance(held, int) or held <= train_batch_size:
@@ -143,12 +148,11 @@ def _admission(
         return Admission.carry_over(train_batch_size, held)
     key = "agentlightning.fully_async.max_groups_in_flight"
     groups = optional_integer(key, select(config, key), minimum=1)
-    if groups is not None and groups < gen_batch_size:
+    if groups is not None and groups < train_batch_size:
         raise ValueError(
-            f"{key} must be null or >= {gen_batch_size} (one step's generation batch, data.gen_batch_size or "
-            f"data.train_batch_size), got {groups}"
+            f"{key} must be null or >= {train_batch_size} (one step's groups, data.train_batch_size), got {groups}"
         )
-    return Admission.fully_async(gen_batch_size, max_staleness, groups)
+    return Admission.fully_async(train_batch_size, max_staleness, groups)
 
 
 def _dynamic_sampling(config: DictConfig, reward_fillna_value: float) -> DynamicSamplingSettings | None:

@@ -4,7 +4,8 @@ The three modes are three admission rules (:class:`agl_rollout.Admission`, chose
 :mod:`agl_trainer.settings.pipeline`) and one difference in the gateway:
 
 - sync: one step's generation batch starts once the previous step is over (staleness bound 0);
-- async (carry-over): more groups run than a step trains; the rest carry over to the next step;
+- async (carry-over): more groups run than a step trains; the rest carry over to the next step,
+  under the staleness bound K;
 - fully async: groups keep running through the update, up to the staleness bound K.
 
 In the first two the gateway is open only while the trainer waits (for a step's groups, or for
@@ -16,6 +17,7 @@ around the reload.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -29,10 +31,13 @@ from agl_rollout import (
     AsyncRolloutState,
     BatchTopUp,
     GroupCollector,
+    HookRunner,
     RetryPolicy,
     SyncRolloutManager,
     load_hooks,
 )
+from agl_rollout.collector import CANCEL_REASON
+from agl_trainer.interrupts import ctrl_c_held
 from agl_trainer.serving.drain import Drain
 from agl_trainer.settings import PipelineSettings
 from agl_trainer.step.dynamic_sampling import dynamic_sampling_metrics, keeps_group, max_groups_examined
@@ -51,9 +56,11 @@ about 16 s a call, for every rollout still pending: minutes before the run ends.
 class Collection:
     """The rollout side of the trainer: a step's groups, validation rollouts, checkpoint state.
 
-    Life cycle: :meth:`start` (hooks' ``on_startup``, then the collector, carrying a checkpoint's
-    groups on), per step :meth:`take` then :meth:`step_done`, :meth:`stop` at the end; :meth:`state`
-    and :meth:`admission_held` for checkpoints.
+    Life cycle: :meth:`start` (the collector, carrying a checkpoint's groups on), per step
+    :meth:`take` then :meth:`step_done`, :meth:`val_rollouts` whenever the trainer validates,
+    :meth:`stop` at the end, on every exit path; :meth:`state` and :meth:`admission_held` for
+    checkpoints. The hooks' ``on_startup`` runs once, before the first rollout of either kind, and
+    no two hook calls overlap.
     """
 
     def __init__(
@@ -76,10 +83,17 @@ class Collection:
         self._manager_config = replace(
             settings.manager, include_images=include_images, served_adapter_prefix=served_adapter_prefix
         )
-        self._hooks = load_hooks(settings.hooks) if settings.hooks else None
-        self.val_manager = SyncRolloutManager(client, self._manager_config, hooks=self._hooks)
+        hooks = load_hooks(settings.hooks) if settings.hooks else None
+        # Validation (main thread) and the collector (its thread) run the one hooks object, one call
+        # at a time; each runner counts its own errors.
+        lock = threading.Lock()
+        self._train_hooks = HookRunner(hooks, client, lock=lock)
+        self.val_manager = SyncRolloutManager(
+            client, self._manager_config, hooks=HookRunner(hooks, client, lock=lock)
+        )
         self.collector: GroupCollector | None = None
         self._restored: AsyncRolloutState | None = None
+        self._started_hooks = False
         self._stopped = False
 
     def restore(self, state: AsyncRolloutState | None, leftover_samples: Sequence[dict[str, Any]]) -> None:
@@ -88,16 +102,17 @@ class Collection:
         self.top_up.restore_leftover(leftover_samples)
 
     def start(self, steps_done: int) -> None:
-        """Run the hooks' ``on_startup`` and start admitting groups (``steps_done``: steps already trained)."""
+        """Start admitting groups (``steps_done``: steps already trained), after the hooks'
+        ``on_startup`` unless a validation ran it."""
+        self._startup_hooks()
         manager = AsyncRolloutManager(
             self.client,
             self._manager_config,
             train_batch_size=self.settings.train_batch_size,
             async_train_batch_size=self.settings.admission.max_groups,
-            hooks=self._hooks,
+            hooks=self._train_hooks,
             state=self._restored,
         )
-        manager.hooks.startup()
         self._open_gateway_for_admission()
         self.collector = GroupCollector(
             manager,
@@ -108,22 +123,26 @@ class Collection:
         ).start()
 
     def stop(self) -> None:
-        """Stop the collector, cancel the rollouts it still runs on the server, and leave the gateway
-        open (what it held stays in :meth:`state` for a checkpoint taken before). From here on the
-        client retries under :data:`STOP_RETRY`."""
-        if self.collector is None or self._stopped:
+        """Stop the collector, cancel the rollouts it or an interrupted validation still has on the
+        server, and leave the gateway open (what the collector held stays in :meth:`state` for a
+        checkpoint taken before), whether or not collection started. From here on the client
+        retries under :data:`STOP_RETRY`, so the clean-up is short; a Ctrl-C during it is held
+        until it is done, then raised (a further one is not held)."""
+        if self._stopped:
             return
         self._stopped = True
-        # A retry the collector's thread is in ends at its next try (max_attempts and the deadline
-        # are read at every try; the delay it is sleeping was drawn from the old policy).
-        self.client.retry = STOP_RETRY
-        n_cancelled = self.collector.stop(cancel=True)
-        if n_cancelled:
-            logger.info("cancelled %d rollouts still in flight on agl-server", n_cancelled)
-        try:
-            self.client.resume()
-        except AglServerError as exc:
-            logger.warning("could not resume the gateway at the end of the run: %s", exc)
+        with ctrl_c_held():
+            # A retry the collector's thread is in ends at its next try (max_attempts and the deadline
+            # are read at every try; the delay it is sleeping was drawn from the old policy).
+            self.client.retry = STOP_RETRY
+            n_cancelled = self.collector.stop(cancel=True) if self.collector is not None else 0
+            n_cancelled += self.val_manager.cancel_pending(CANCEL_REASON)
+            if n_cancelled:
+                logger.info("cancelled %d rollouts still in flight on agl-server", n_cancelled)
+            try:
+                self.client.resume()
+            except AglServerError as exc:
+                logger.warning("could not resume the gateway at the end of the run: %s", exc)
 
     def state(self) -> AsyncRolloutState:
         """Every group held now (a checkpoint's copy)."""
@@ -183,7 +202,9 @@ class Collection:
     def val_rollouts(
         self, batches: Iterable[Any], step: int
     ) -> tuple[list[CompletedRollout], dict[str, float]]:
-        """Every validation batch, each waited for whole, and the last wait's drain metrics under ``val/``."""
+        """Every validation batch, each waited for whole, and the last wait's drain metrics under
+        ``val/``; the hooks' ``on_startup`` first, when nothing ran it yet."""
+        self._startup_hooks()
         completed: list[CompletedRollout] = []
         drain: dict[str, float] = {}
         for batch in batches:
@@ -196,6 +217,12 @@ class Collection:
             completed.extend(result.completed)
             drain = {**result.metrics, **drain}
         return completed, {key.replace("training/", "val/", 1): value for key, value in drain.items()}
+
+    def _startup_hooks(self) -> None:
+        """The hooks' ``on_startup``, once, before the run's first rollout of any kind."""
+        if not self._started_hooks:
+            self._started_hooks = True
+            self._train_hooks.startup()
 
     def _open_gateway_for_admission(self) -> None:
         """In the sync modes, resume the gateway before groups are admitted: an agent that found it
