@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from agl_trainer.ctrl_c import hear_ctrl_c
+from agl_trainer.interrupts import hear_ctrl_c
 from agl_trainer.local.console import write_above_progress_bar
 from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS
 from agl_trainer.local.toy_agents import RUNNERS
@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run what the command line asks for. A configuration error is one line and exit code 2, a
         process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
         trained nothing, one line and exit code 1, Ctrl-C one line and 130 (heard however the command was
-    started, :mod:`agl_trainer.ctrl_c`); any other error is a bug and
+    started, :mod:`agl_trainer.interrupts`); any other error is a bug and
         keeps its traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     hear_ctrl_c()  # also when started in the background of a script, which hands SIGINT ignored

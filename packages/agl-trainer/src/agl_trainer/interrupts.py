@@ -1,4 +1,10 @@
-"""Clean-up that a Ctrl-C must not cut short: :func:`ctrl_c_held`.
+"""Ctrl-C: heard however the process was started (:func:`hear_ctrl_c`), and held off a clean-up
+that it must not cut short (:func:`ctrl_c_held`).
+
+A shell without job control starts a background command (``cmd &`` in a script, as many CI runners
+and launch scripts do) with SIGINT ignored, and Python keeps an ignored SIGINT ignored. agl-trainer
+so started would lose the user's Ctrl-C, and the embedded default's supervisor, which interrupts the
+main thread with SIGINT when a vital process dies, would go unheard.
 
 The end of a run cancels its rollouts on agl-server and resumes the gateway. A user who presses
 Ctrl-C again while that runs (the first press is what ended the run) would otherwise leave rollouts
@@ -11,11 +17,22 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 logger = logging.getLogger("agl_trainer")
+SigintHandler = Callable[[int, FrameType | None], Any] | int | None
+
+
+def hear_ctrl_c() -> SigintHandler:
+    """Make SIGINT raise ``KeyboardInterrupt`` in the main thread when no Python handler takes it
+    (it was ignored or left to the OS); return the handler it had. Call from the main thread."""
+    inherited = signal.getsignal(signal.SIGINT)
+    if not callable(inherited):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return inherited
 
 
 @contextmanager
@@ -54,4 +71,4 @@ def ctrl_c_held() -> Generator[None]:
         deliver(None)
 
 
-__all__ = ("ctrl_c_held",)
+__all__ = ("SigintHandler", "ctrl_c_held", "hear_ctrl_c")

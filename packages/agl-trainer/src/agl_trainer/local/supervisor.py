@@ -3,7 +3,7 @@
 agl-server and the CPU vLLM server are vital: when one exits, the run stops within a second (the
 supervisor interrupts the main thread as Ctrl-C does) and :attr:`Supervisor.failure` says which
 process died, its exit code and its log. That interrupt is heard even when the process was started
-with SIGINT ignored (:func:`agl_trainer.ctrl_c.hear_ctrl_c`, while the supervisor runs). agl-controller is restarted instead, at most
+with SIGINT ignored (:func:`agl_trainer.interrupts.hear_ctrl_c`, while the supervisor runs). agl-controller is restarted instead, at most
 ``max_restarts`` times, each one counted and logged; the new controller fails the rollouts the dead
 one was running, and the trainer handles them as any failed rollout. A process being stopped on
 purpose (:meth:`ChildProcess.stop`) is not a death.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from agl_trainer.ctrl_c import SigintHandler, hear_ctrl_c
+from agl_trainer.interrupts import SigintHandler, hear_ctrl_c
 from agl_trainer.local.controller import AglController
 from agl_trainer.local.processes import ChildProcess
 
@@ -86,7 +86,7 @@ class Supervisor:
 
     def start(self) -> Supervisor:
         """Start watching. From the main thread, SIGINT is made to raise ``KeyboardInterrupt`` until
-        :meth:`stop` (see :mod:`agl_trainer.ctrl_c`), so the default ``on_failure`` is heard."""
+        :meth:`stop` (see :mod:`agl_trainer.interrupts`), so the default ``on_failure`` is heard."""
         if threading.current_thread() is threading.main_thread():
             self._inherited_sigint, self._heard_ctrl_c = hear_ctrl_c(), True
         self._thread.start()
