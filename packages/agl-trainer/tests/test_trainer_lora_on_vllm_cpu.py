@@ -155,6 +155,10 @@ def test_an_adapter_push_serves_the_actors_log_probs_at_its_versions_url_and_kee
     with VllmClient(vllm.url, SERVED) as client:
         assert sorted(client.lora_adapters()) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["adapter_2", "adapter_3"]
+    # The adapters travelled by upload: the server loaded its own staged copies, outside weights_dir.
+    staging = httpx.get(f"{vllm.url}/agl/weights").json()
+    assert staging["staged"] == ["adapter_2", "adapter_3"]
+    assert not Path(staging["staging_dir"]).is_relative_to(tmp_path)
     assert 0 < metrics["training/weight_push_bytes"] < 1_000_000
 
 
