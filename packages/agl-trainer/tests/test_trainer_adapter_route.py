@@ -7,25 +7,18 @@ The app behind it records what it received; the real vLLM behind it is exercised
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from agl_trainer.local.services import VLLM_CHILD_PATH
+from agl_testing.vllm_child import vllm_child_module
 from agl_trainer.serving.lora import adapter_name, adapter_route
 
 
 def _route_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "agl_adapter_route", VLLM_CHILD_PATH / "agl_adapter_route.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return vllm_child_module("agl_adapter_route")
 
 
 class RecordingApp:

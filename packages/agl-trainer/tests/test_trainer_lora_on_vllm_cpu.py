@@ -155,6 +155,10 @@ def test_an_adapter_push_serves_the_actors_log_probs_at_its_versions_url_and_kee
     with VllmClient(vllm.url, SERVED) as client:
         assert sorted(client.lora_adapters()) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["adapter_2", "adapter_3"]
+    # The adapters travelled by upload: the server loaded its own staged copies, outside weights_dir.
+    staging = httpx.get(f"{vllm.url}/agl/weights").json()
+    assert staging["staged"] == ["adapter_2", "adapter_3"]
+    assert not Path(staging["staging_dir"]).is_relative_to(tmp_path)
     assert 0 < metrics["training/weight_push_bytes"] < 1_000_000
 
 
@@ -197,6 +201,25 @@ def test_an_old_adapter_stays_loaded_while_a_call_uses_it_and_is_unloaded_once_n
     assert _loaded(vllm) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["adapter_2", "adapter_3"]
     assert metrics["training/lora_adapters_loaded"] == 2
+
+
+def test_catch_up_brings_a_server_that_lost_its_adapters_back_to_the_served_one(
+    vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
+) -> None:
+    pusher = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "weights")
+    pusher.push(actor, 0)
+    _update(actor)
+    pusher.push(actor, 1)
+    served = _served_log_probs(adapter_route(vllm.url, CURRENT).removesuffix("/v1"))
+    # What a restarted server has: no adapter loaded, nothing staged.
+    with VllmClient(vllm.url, SERVED) as client:
+        for name in client.lora_adapters():
+            client.unload_lora_adapter(name)
+        client.unstage("adapter_1")
+    pusher.catch_up(vllm.openai_url)
+    assert _loaded(vllm) == [adapter_name(SERVED, 1)]
+    assert _served_log_probs(adapter_route(vllm.url, CURRENT).removesuffix("/v1")) == served
+    assert httpx.get(f"{vllm.url}/agl/weights").json()["staged"] == ["adapter_1"]
 
 
 def test_an_adapter_of_a_rank_above_the_servers_max_lora_rank_is_refused_naming_the_key(

@@ -40,6 +40,7 @@ class GatewayObservingPusher(ReplacesServedWeights):
     def __init__(self, client: AglClient, *, beside: bool = False) -> None:
         self.client = client
         self.pushes: list[tuple[int, bool, int]] = []
+        self.stages: list[tuple[int, bool]] = []
         self.pauses = not beside
 
     def route(self, endpoint: str, version: int) -> str:
@@ -47,6 +48,10 @@ class GatewayObservingPusher(ReplacesServedWeights):
 
     def release(self) -> None:
         return None
+
+    def stage(self, workers: Any, version: int) -> dict[str, float]:
+        self.stages.append((version, self.client.proxy_state().paused))
+        return {}
 
     def push(self, workers: Any, version: int) -> dict[str, float]:
         state = self.client.proxy_state()
@@ -87,6 +92,20 @@ def test_fully_async_publish_pushes_while_paused_and_drained_then_registers_and_
     assert not state.paused
     assert metrics["training/async/proxy_inflight_at_pause"] == 0.0
     assert metrics["training/async/gateway_paused_seconds"] >= metrics["training/async/proxy_drain_seconds"]
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_publish_stages_the_weights_while_the_gateway_still_serves_then_pushes(
+    fresh_agl_server: AglServerProcess, beside: bool
+) -> None:
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        publisher, pusher = _publisher(client, fully_async=True, beside=beside)
+        publisher.publish(workers=None, version=0)  # type: ignore[arg-type]
+        client.resume()
+        metrics = publisher.publish(workers=None, version=1)  # type: ignore[arg-type]
+    assert pusher.stages == [(0, False), (1, False)]  # the gateway open, serving the old version
+    assert [version for version, *_ in pusher.pushes] == [0, 1]
+    assert metrics["training/weight_stage_seconds"] > 0.0
 
 
 def test_publishing_the_served_version_again_does_nothing(fresh_agl_server: AglServerProcess) -> None:

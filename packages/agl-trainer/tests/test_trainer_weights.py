@@ -32,9 +32,13 @@ def test_a_new_version_is_saved_then_an_unreachable_server_is_named(tmp_path: Pa
             return Path(path)
 
     pusher = ExternalVllmPush([_UNREACHABLE], "m", tmp_path / "weights")
-    with pytest.raises(WeightPushError, match=r"version 3 .* at http://127\.0\.0\.1:9/v1"):
+    with pytest.raises(
+        WeightPushError, match=r"version 3 .* did not reach 1 of 1 .*http://127\.0\.0\.1:9/v1"
+    ) as caught:
         pusher.push(cast(Any, SavingWorkers()), 3)
     assert saved == [tmp_path / "weights" / "step_3"]
+    assert list(caught.value.failures) == [_UNREACHABLE]
+    assert caught.value.failures[_UNREACHABLE].startswith("ConnectError: ")
     assert pusher.served_version == 0
 
 
@@ -54,3 +58,29 @@ def test_same_tensors_compares_values_across_dtypes_and_refuses_other_weights(tm
     assert not same_tensors(folder("moved", {"w": weight + 0.5}), served)
     assert not same_tensors(folder("renamed", {"v": weight}), served)
     assert not same_tensors(tmp_path / "served", tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("lora", [[], ["actor_rollout_ref.model.lora_rank=8"]])
+def test_external_servers_get_uploads_by_default_and_read_a_shared_folder_when_told(
+    tmp_path: Path, lora: list[str]
+) -> None:
+    from agl_trainer.assembly import compose_config, default_weight_pusher
+    from agl_trainer.settings import parse_settings
+
+    external = [
+        *lora,
+        "agentlightning.external_servers.endpoints=[http://127.0.0.1:1/v1]",
+        f"agentlightning.external_servers.weights_dir={tmp_path}",
+    ]
+    default = default_weight_pusher(parse_settings(compose_config(external)).server)
+    shared = default_weight_pusher(
+        parse_settings(
+            compose_config([*external, "agentlightning.external_servers.transfer=shared_folder"])
+        ).server
+    )
+    assert (cast(Any, default).transfer, cast(Any, shared).transfer) == ("upload", "shared_folder")
+    with pytest.raises(
+        ValueError,
+        match=r"^agentlightning\.external_servers\.transfer='nfs'; supported: \['upload', 'shared_folder'\]$",
+    ):
+        parse_settings(compose_config([*external, "agentlightning.external_servers.transfer=nfs"]))

@@ -60,13 +60,20 @@ def init_ray(config: DictConfig) -> None:
 
 def default_weight_pusher(server: ServerSettings) -> WeightPusher:
     """With ``agentlightning.external_servers.weights_dir`` set, external vLLM servers get the actor's
-    LoRA adapter (``lora_rank`` > 0) or its full weights; without, no push."""
+    LoRA adapter (``lora_rank`` > 0) or its full weights, moved as ``external_servers.transfer``
+    says; without, no push."""
     if server.weights_dir is None:
         return NoWeightPush()
     if server.lora_rank > 0:
-        return ExternalLoraPush(server.endpoints, server.model_name, server.weights_dir)
+        return ExternalLoraPush(
+            server.endpoints, server.model_name, server.weights_dir, transfer=server.transfer
+        )
     return ExternalVllmPush(
-        server.endpoints, server.model_name, server.weights_dir, initial_weights=server.initial_weights
+        server.endpoints,
+        server.model_name,
+        server.weights_dir,
+        initial_weights=server.initial_weights,
+        transfer=server.transfer,
     )
 
 

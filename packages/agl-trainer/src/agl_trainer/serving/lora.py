@@ -1,8 +1,10 @@
 """Adapter-only weight pushes to external vLLM servers, for an actor that trains a LoRA adapter.
 
 Each version is the actor's adapter alone (``actor_rollout_ref.model.lora_rank > 0``), saved as a
-PEFT folder under ``weights_dir/adapter_<version>`` and loaded on every server under the name
-``<model>-v<version>`` through vLLM's runtime LoRA loading. The gateway sends every call under one
+PEFT folder under ``weights_dir/adapter_<version>``, uploaded to each server's own staging folder
+(or read from ``weights_dir`` where the servers share it, :mod:`agl_trainer.serving.transfer`),
+and loaded on every server at once under the name ``<model>-v<version>`` through vLLM's runtime
+LoRA loading. The gateway sends every call under one
 model name to one URL per server, ``.../agl/adapters/current/v1``, which the servers'
 ``agl_adapter_route`` middleware answers with the adapter the trainer made current; a push loads
 the new adapter and makes it current, so the registrations never change and the gateway is never
@@ -23,7 +25,9 @@ from pathlib import Path
 import httpx
 
 from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.transfer import Transfer, on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
+from agl_trainer.serving.weights import PROBE_IDS, Staged, check_probe
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
@@ -52,17 +56,27 @@ def adapter_route(endpoint: str, name: str) -> str:
 
 
 class ExternalLoraPush:
-    """Save the actor's adapter and load it on every server under its version's name."""
+    """Save the actor's adapter, get it to every server (:meth:`stage`), and load it there under its
+    version's name, on all servers at once (:meth:`push`).
+
+    ``transfer`` and ``endpoints`` as :class:`~agl_trainer.serving.weights.ExternalVllmPush`'s.
+    """
 
     pauses = False
     """Calls in flight finish on their adapter: the gateway stays open during a push."""
 
-    def __init__(self, endpoints: Sequence[str], model: str, weights_dir: Path) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], model: str, weights_dir: Path, *, transfer: Transfer = "upload"
+    ) -> None:
         self.endpoints = tuple(endpoints)
         self.model = model
         self.weights_dir = Path(weights_dir)
+        self.transfer: Transfer = transfer
         self.served_version: int | None = None
+        self.served_logprobs: list[float] | None = None
+        """The probe's log-probs under the served adapter, as a server answered them at its push."""
         self._loaded: list[int] = []
+        self._staged: Staged | None = None
 
     def release(self) -> None:
         return None  # the servers run on their own devices
@@ -75,48 +89,106 @@ class ExternalLoraPush:
         """The same URL at every version: the server's current adapter answers it."""
         return adapter_route(endpoint, CURRENT)
 
+    def stage(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
+        """Save ``version``'s adapter and get it to every server; nothing is loaded yet."""
+        if version == self.served_version:
+            return {}
+        staged, failures = self._stage_on(workers, version, self.endpoints)
+        if failures:
+            raise push_failed(
+                f"the LoRA adapter of version {version} ({staged.folder})", len(self.endpoints), failures
+            )
+        return {}
+
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
-        """Load ``version``'s adapter on every server (the first push also unloads what a run before
-        this one left loaded, and finds a server without the adapter middleware); unload the
-        adapters older than the last :data:`ADAPTERS_KEPT` that no call uses any more."""
+        """Load ``version``'s adapter on every server at once and make it current (the first push also
+        unloads what a run before this one left loaded, and finds a server without the adapter
+        middleware); unload the adapters older than the last :data:`ADAPTERS_KEPT` that no call uses
+        any more."""
         if version == self.served_version:
             return {"training/weight_version": float(version)}
-        target = workers.save_lora_adapter(self.weights_dir / f"adapter_{version}")
+        staged, failures = self._stage_on(workers, version, self.endpoints)
         name = adapter_name(self.model, version)
         first = self.served_version is None
-        for endpoint in self.endpoints:
+        served, load_failures = on_each(
+            [endpoint for endpoint in self.endpoints if endpoint in staged.paths],
+            lambda endpoint: self._serve(endpoint, name, staged.paths[endpoint], clean=first),
+        )
+        failures.update(load_failures)
+        if served:
+            self._loaded.append(version)
+            self.served_version = version
+            self.served_logprobs = next(iter(served.values()))
+            self._staged = None
             try:
-                with VllmClient(server_root(endpoint), self.model) as client:
-                    if first:
-                        client.adapter_calls_in_flight()  # the middleware is there
-                    client.load_lora_adapter(name, target)
-                    client.make_adapter_current(name)
-                    if first:
-                        for other in client.lora_adapters():
-                            if other != name and other.startswith(_adapter_prefix(self.model)):
-                                client.unload_lora_adapter(other)
-            except httpx.HTTPError as exc:
-                raise WeightPushError(
-                    f"could not push the LoRA adapter of version {version} ({target}) to the vLLM server at "
-                    f"{endpoint}: {exc!r}; check agentlightning.external_servers.endpoints"
-                ) from exc
-            except WeightPushError as exc:
-                raise WeightPushError(f"{endpoint}: {exc}") from exc
-        self._loaded.append(version)
-        self.served_version = version
-        try:
-            self._unload_unused()
-        except (httpx.HTTPError, WeightPushError) as exc:  # the push itself worked: try again next time
-            logger.warning("old LoRA adapters not unloaded this time (the next push tries again): %r", exc)
+                self._unload_unused()
+            except (httpx.HTTPError, WeightPushError) as exc:  # the push itself worked: try again next time
+                logger.warning(
+                    "old LoRA adapters not unloaded this time (the next push tries again): %r", exc
+                )
+        if failures:
+            raise push_failed(
+                f"the LoRA adapter of version {version} ({staged.folder})", len(self.endpoints), failures
+            )
         return {
             "training/weight_version": float(version),
-            "training/weight_push_bytes": float(sum(f.stat().st_size for f in target.iterdir())),
+            "training/weight_push_bytes": float(sum(f.stat().st_size for f in staged.folder.iterdir())),
             "training/lora_adapters_loaded": float(len(self._loaded)),
         }
 
+    def catch_up(self, endpoint: str) -> None:
+        """Bring ``endpoint``'s server (one that restarted) to the served adapter from the trainer's
+        copy of it, made current there, and check its probe log-probs against the served version's."""
+        if self.served_version is None:  # nothing pushed yet: the server needs only the middleware
+            with VllmClient(server_root(endpoint), self.model) as client:
+                client.adapter_calls_in_flight()
+            return
+        version = self.served_version
+        folder = self.weights_dir / f"adapter_{version}"
+        what = f"the LoRA adapter of version {version} ({folder})"
+        paths, failures = place(self.transfer, [endpoint], self.model, folder)
+        if not failures:
+            _, failures = on_each(
+                [endpoint], lambda e: self._serve(e, adapter_name(self.model, version), paths[e], clean=True)
+            )
+        if failures:
+            raise push_failed(what, 1, failures)
+        check_probe(endpoint, adapter_name(self.model, version), what, self.served_logprobs)
+
+    def _stage_on(
+        self, workers: PolicyWorkers, version: int, endpoints: Sequence[str]
+    ) -> tuple[Staged, dict[str, str]]:
+        """Save ``version``'s adapter (once) and place it on those of ``endpoints`` that lack it."""
+        staged = self._staged
+        if staged is None or staged.version != version:
+            folder = workers.save_lora_adapter(self.weights_dir / f"adapter_{version}")
+            staged = self._staged = Staged(version, folder)
+        missing = [endpoint for endpoint in endpoints if endpoint not in staged.paths]
+        keep = [f"adapter_{loaded}" for loaded in self._loaded]  # vLLM may reread a loaded adapter's folder
+        paths, failures = place(self.transfer, missing, self.model, staged.folder, keep=keep)
+        staged.paths.update(paths)
+        return staged, failures
+
+    def _serve(self, endpoint: str, name: str, path: str, *, clean: bool) -> list[float]:
+        """Load the adapter at ``path`` on ``endpoint``'s server as ``name`` and make it current (with
+        ``clean``, first check the middleware and then unload the run's other adapters there); the
+        probe's log-probs under it."""
+        with VllmClient(server_root(endpoint), self.model) as client:
+            if clean:
+                client.adapter_calls_in_flight()  # the middleware is there
+            client.load_lora_adapter(name, Path(path))
+            client.make_adapter_current(name)
+            if clean:
+                for other in client.lora_adapters():
+                    if other != name and other.startswith(_adapter_prefix(self.model)):
+                        client.unload_lora_adapter(other)
+        with VllmClient(server_root(endpoint), name) as adapter:
+            return adapter.prompt_logprobs(PROBE_IDS)
+
     def _unload_unused(self) -> None:
         """Unload, on every server, each adapter older than the last :data:`ADAPTERS_KEPT` whose URL
-        answers no call on any server, and remove its folder (vLLM may reread a loaded one's)."""
+        answers no call on any server, and remove its folders, the trainer's and the servers' staged
+        copies (vLLM may reread a loaded one's)."""
         old = self._loaded[:-ADAPTERS_KEPT]
         if not old:
             return
@@ -131,6 +203,8 @@ class ExternalLoraPush:
                     continue
                 for client in clients:
                     client.unload_lora_adapter(name)
+                    if self.transfer == "upload":
+                        client.unstage(f"adapter_{version}")
                 shutil.rmtree(self.weights_dir / f"adapter_{version}", ignore_errors=True)
                 self._loaded.remove(version)
         finally:

@@ -1,8 +1,9 @@
 """Stage 10: after an update, make the inference servers serve the new weights.
 
-Every publish, in every mode and the first after a (re)start too: the gateway is paused and the
-model calls in flight finish (recorded with the version that served them), the weights are
-pushed, the registrations move to the new version, and in the fully-async mode the gateway
+Every publish, in every mode and the first after a (re)start too: the weights are staged on the
+servers while the gateway still serves (``training/weight_stage_seconds``), then the gateway is
+paused and the model calls in flight finish (recorded with the version that served them), the
+weights are pushed (reloaded), the registrations move to the new version, and in the fully-async mode the gateway
 resumes (the sync modes resume it when the next step starts). No call spans two versions. A push
 that fails removes the registrations first, so no endpoint that took the new weights serves
 calls recorded under the old version; the error names the endpoint. A pusher that loads each
@@ -47,8 +48,11 @@ class Publisher:
         """Serve ``version``; nothing to do when it is already served (a step that trained nothing)."""
         if self.published == version:
             return {}
+        staging = time.perf_counter()  # the bytes move while the gateway still serves the old version
+        staged = dict(self.pusher.stage(workers, version))
+        staged["training/weight_stage_seconds"] = time.perf_counter() - staging
         if not self.pusher.pauses:
-            return self._publish_beside(workers, version)
+            return {**staged, **self._publish_beside(workers, version)}
         started = time.perf_counter()
         # Agents asking meanwhile retry after 1 s (the gateway's smallest Retry-After): a reload is short.
         drain = self.drain(self.client, f"publish weights v{version}", retry_after_seconds=1)
@@ -59,6 +63,7 @@ class Publisher:
         else:
             drain = {}  # the step's take already paused and drained: its metrics say what was in flight
         return {
+            **staged,
             **metrics,
             **drain,
             "training/async/gateway_paused_seconds": time.perf_counter() - started,

@@ -5,6 +5,9 @@ The push is: ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {
 (cached KV blocks were computed with the old weights). Both routes exist only when the server
 runs with ``VLLM_SERVER_DEV_MODE=1``. A push is checked by scoring a fixed probe prompt before
 and after: the prompt log-probs must move (or equal the trainer's own, when given).
+
+A server that does not see the trainer's folders gets the files first, uploaded into its own
+staging folder through agl's middleware (:meth:`VllmClient.stage_folder`), and reloads from there.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import httpx
 
 from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
 
+_TRANSFER_KEY = "agentlightning.external_servers.transfer"
 _RESET_ATTEMPTS = 20
 _RESET_RETRY_SECONDS = 0.25
 
@@ -111,6 +116,42 @@ class VllmClient:
             )
         response.raise_for_status()
         return {str(name): int(count) for name, count in response.json()["calls_in_flight"].items()}
+
+    def stage_folder(self, name: str, folder: Path, *, keep: Sequence[str] = ()) -> str:
+        """Upload every file of ``folder`` into the server's own staging folder as ``name``
+        (``agl_weight_staging``, served by agl's middleware); the path of the staged copy on the
+        server. The server removes its other staged folders except those named in ``keep``."""
+        files = {
+            file.relative_to(folder).as_posix(): file
+            for file in sorted(folder.rglob("*"))
+            if file.is_file() and not any(part.startswith(".") for part in file.relative_to(folder).parts)
+        }
+        self.unstage(name)
+        for relative, file in files.items():
+            with file.open("rb") as content:
+                self._staging_answer(self._http.put(f"/agl/weights/{name}/{relative}", content=content), name)
+        manifest = {
+            "files": {relative: file.stat().st_size for relative, file in files.items()},
+            "keep": list(keep),
+        }
+        return str(self._staging_answer(self._http.post(f"/agl/weights/{name}", json=manifest), name)["path"])
+
+    def unstage(self, name: str) -> None:
+        """Remove the folder staged as ``name`` from the server's staging folder."""
+        self._staging_answer(self._http.delete(f"/agl/weights/{name}"), name)
+
+    def _staging_answer(self, response: httpx.Response, name: str) -> dict[str, Any]:
+        if response.status_code == 404 and "agl_weight_staging" not in response.text:
+            raise WeightPushError(
+                f"{self.url}/agl/weights is missing: start vLLM with --middleware agl_adapter_route.AdapterRoute "
+                "(its folder, agl_trainer.local.services.VLLM_CHILD_PATH, on PYTHONPATH) to take uploaded weights, "
+                f"or set {_TRANSFER_KEY}=shared_folder where the servers see the trainer's weights_dir"
+            )
+        if response.status_code != 200:
+            raise WeightPushError(
+                f"{self.url} refused the upload of {name} (HTTP {response.status_code}): {response.text[:2000]}"
+            )
+        return response.json()
 
     def serve_weights(self, weights_path: Path) -> None:
         """Reload ``weights_path`` and drop the KV cache of the old weights, without checking the result."""

@@ -8,9 +8,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from agl_trainer.serving.drain import Drain
-from agl_trainer.settings.values import integer, positive, select, text
+from agl_trainer.serving.transfer import TRANSFERS, Transfer
+from agl_trainer.settings.values import integer, one_of, positive, select, text
 
 LORA_RANK_KEY = "actor_rollout_ref.model.lora_rank"
+TRANSFER_KEY = "agentlightning.external_servers.transfer"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,7 +22,8 @@ class ServerSettings:
     ``endpoints`` empty means verl's own vLLM replicas serve the agents (:attr:`uses_verl_replicas`).
     ``initial_weights`` is the model folder the servers start from (None for a hub name): a push of
     weights identical to it is recognised, not reported as an ignored reload. ``lora_rank`` > 0:
-    the actor trains a LoRA adapter, and external servers get the adapter alone.
+    the actor trains a LoRA adapter, and external servers get the adapter alone. ``transfer``: how
+    external servers get each version's files (:mod:`agl_trainer.serving.transfer`).
     """
 
     base_url: str
@@ -28,6 +31,7 @@ class ServerSettings:
     model_name: str
     endpoints: tuple[str, ...]
     weights_dir: Path | None
+    transfer: Transfer
     initial_weights: Path | None
     lora_rank: int
     drain: Drain
@@ -55,6 +59,7 @@ def parse_server(config: DictConfig) -> ServerSettings:
         model_name=gateway_model_name(config),
         endpoints=tuple(str(endpoint) for endpoint in endpoints),
         weights_dir=Path(weights_dir) if weights_dir else None,
+        transfer=one_of(TRANSFER_KEY, select(config, TRANSFER_KEY, "upload"), TRANSFERS),
         initial_weights=Path(model_path) if Path(model_path).is_dir() else None,
         lora_rank=integer(LORA_RANK_KEY, select(config, LORA_RANK_KEY, 0), minimum=0),
         drain=Drain(
@@ -70,4 +75,4 @@ def parse_server(config: DictConfig) -> ServerSettings:
     )
 
 
-__all__ = ("LORA_RANK_KEY", "ServerSettings", "gateway_model_name", "parse_server")
+__all__ = ("LORA_RANK_KEY", "TRANSFER_KEY", "ServerSettings", "gateway_model_name", "parse_server")

@@ -15,6 +15,9 @@ the adapter's name, which records which one served it.
 URL is answering now (adapters with none left out), so the trainer unloads an old adapter only
 once no call uses it.
 
+The same middleware serves ``/agl/weights`` (:mod:`agl_weight_staging`): weights uploaded into a
+folder on the server's own disk, for servers that share no folder with the trainer.
+
 Runs in vLLM's environment, which has no agl package: standard library only. Start vLLM with
 ``--middleware agl_adapter_route.AdapterRoute`` and this folder on ``PYTHONPATH``.
 """
@@ -22,6 +25,8 @@ Runs in vLLM's environment, which has no agl package: standard library only. Sta
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from agl_weight_staging import WeightStaging  # pyright: ignore[reportMissingImports]  (vLLM's PYTHONPATH has this folder)
 
 PREFIX = "/agl/adapters/"
 LISTING = PREFIX.rstrip("/")
@@ -41,9 +46,13 @@ class AdapterRoute:
         self.app = app
         self.calls_in_flight: dict[str, int] = {}
         self.current: str | None = None
+        self.weights = WeightStaging.from_env()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
+        if scope["type"] == "http" and self.weights.handles(path):
+            await self.weights(scope, receive, send)
+            return
         if scope["type"] == "http" and path.rstrip("/") == LISTING and scope.get("method") == "GET":
             await _answer(send, 200, {"calls_in_flight": dict(self.calls_in_flight)})
             return
