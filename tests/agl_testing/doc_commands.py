@@ -1,6 +1,6 @@
 """The commands the READMEs and docs/ show, found where a reader copies them from.
 
-Every ``agl-trainer``, ``agl-server``, ``agl-controller`` and ``vllm serve`` command in a fenced
+Every ``agl-trainer``, ``agl-server``, ``agl-controller``, ``vllm serve`` and ``ray start`` command in a fenced
 shell block (one command per line, ``\\`` continuations joined, ``#`` comments dropped, ``&&``, ``;``
 and ``|`` separating commands) or in an inline code span (which may wrap over a line break) of the
 root README, each package's README and ``docs/*.md``. An inline span that is only a program's name,
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ("agl-trainer", "agl-server", "agl-controller", "vllm serve")
+PROGRAMS = ("agl-trainer", "agl-server", "agl-controller", "vllm serve", "ray start")
 _SHELL_FENCE = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _ANY_FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 # A code span may wrap over a line break but not over a blank line (the paragraph's end).

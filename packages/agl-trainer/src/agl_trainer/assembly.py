@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agl_trainer.datasets import InMemoryDataset
+from agl_trainer.ray_local import LOOPBACK, cluster_address, loopback_only, on_loopback, use_run_token
 from agl_trainer.serving.lora import ExternalLoraPush
 from agl_trainer.serving.weights import ExternalVllmPush, NoWeightPush, WeightPusher
 from agl_trainer.settings import ServerSettings, configure_verl, parse_settings
@@ -42,7 +43,12 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def init_ray(config: DictConfig) -> None:
-    """``ray.init`` with agl's runtime env merged under the user's ``ray_kwargs.ray_init`` (user keys win)."""
+    """``ray.init`` with agl's runtime env merged under the user's ``ray_kwargs.ray_init`` (user keys win).
+
+    With an address (``ray_kwargs.ray_init.address`` or ``RAY_ADDRESS``) it joins that cluster;
+    without, the cluster it starts listens on loopback only and authenticates with a token of
+    this run (:mod:`agl_trainer.ray_local`).
+    """
     if ray.is_initialized():
         return
     section: Any = OmegaConf.select(config, "ray_kwargs.ray_init", default=None)
@@ -55,7 +61,15 @@ def init_ray(config: DictConfig) -> None:
     if os.environ.get("RAY_TMPDIR"):
         ray_init.setdefault("_temp_dir", os.environ["RAY_TMPDIR"])
     ray_init.setdefault("include_dashboard", False)
-    ray.init(runtime_env=runtime_env, **ray_init)
+    joined = cluster_address(ray_init.get("address"))
+    if joined is None:
+        use_run_token()
+        ray_init.setdefault("_node_ip_address", LOOPBACK)
+    if joined is None or on_loopback(joined):
+        with loopback_only():
+            ray.init(runtime_env=runtime_env, **ray_init)
+    else:
+        ray.init(runtime_env=runtime_env, **ray_init)
 
 
 def default_weight_pusher(server: ServerSettings) -> WeightPusher:

@@ -128,13 +128,19 @@ def register_cpu_engines() -> None:
 
 
 def _init_gloo_process_group() -> None:
-    """Start the default process group with gloo alone, from the env vars verl's worker group sets."""
+    """Start the default process group with gloo alone, from the env vars verl's worker group sets.
+
+    One rank needs no rendezvous: its store is in memory, not torch's TCP store, which listens on
+    every interface (at ``MASTER_PORT``) whatever ``MASTER_ADDR`` says.
+    """
     enable_cpu_platform()
     register_cpu_engines()
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(
-            backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
-        )
+    if torch.distributed.is_initialized():
+        return
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torch.distributed.HashStore is public, though its stub does not re-export it.
+    store = torch.distributed.HashStore() if world_size == 1 else None  # pyright: ignore[reportPrivateImportUsage]
+    torch.distributed.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size)
 
 
 class CpuActorRefWorker(AglActorRefWorker):
