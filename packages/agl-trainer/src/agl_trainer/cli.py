@@ -254,7 +254,8 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run what the command line asks for. A configuration error is one line and exit code 2, a
+    """Run what the command line asks for. A configuration error (also agl's state lying in another
+    step's checkpoint) is one line and exit code 2, a
     process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
     trained nothing, one line and exit code 1, Ctrl-C one line and 130; any other error is a bug and
     keeps its traceback."""
@@ -276,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run(args: CliArgs) -> None:
-    from agl_trainer.errors import TooManyEmptySteps
+    from agl_trainer.errors import CheckpointStateMismatch, TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
 
     try:
@@ -304,7 +305,7 @@ def _run(args: CliArgs) -> None:
             )
             if not run.totals.samples_trained:
                 raise SystemExit(1)
-    except AgentImportError as error:
+    except (AgentImportError, CheckpointStateMismatch) as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
     except TooManyEmptySteps as error:
         raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None
