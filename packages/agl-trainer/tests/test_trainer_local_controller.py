@@ -13,6 +13,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from agl_trainer.local import (
     start_controller,
     toy_env_map,
 )
-from agl_types import RolloutState
+from agl_types import RolloutCreate, RolloutState
 
 SCRIPTED_AGENTS = Path(__file__).parent / "controller_agents"
 SCRIPTED_AGENT_CLASS = "agl_scripted_agents:ScriptedAgent"
@@ -341,3 +342,59 @@ def _kill_when_running(client: AglClient, controller: AglController, n_running: 
         controller.process.wait_exit(10)
 
     return run
+
+
+@pytest.mark.server
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_the_agents_of_a_controller_killed_outright_are_killed_when_it_is_restarted(tmp_path: Path) -> None:
+    config = scripted_config(rollout_timeout_seconds=120)
+    with (
+        start_agl_server(server_python(), tmp_path / "server") as server,
+        AglClient(server.url, server.key) as client,
+        start_controller(
+            server_python(), server, tmp_path / "ctl", maximum_size=2, python_path=[SCRIPTED_AGENTS]
+        ) as controller,
+    ):
+        client.create_rollouts(
+            [
+                RolloutCreate(
+                    input={"do": "hang", "seconds": 120},
+                    config=config.rollout_config(),
+                    rollout_id=uuid.uuid4().hex,
+                )
+                for _ in range(2)
+            ]
+        )
+        _kill_when_running(client, controller, n_running=2)()
+        agents = _agents_of(server.url)
+        assert len(agents) == 2
+        controller.restart()
+        deadline = time.monotonic() + 10
+        while (alive := [pid for pid in agents if _alive(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert alive == [], "the dead controller's agents still run"
+
+
+def _agents_of(server_url: str) -> list[int]:
+    """The pids of the agents running rollouts of the agl-server at ``server_url`` (their event URL names it)."""
+    tag = f"AGL_EVENT_URL={server_url}/".encode()
+    pids: list[int] = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and any(
+                v.startswith(tag) for v in (entry / "environ").read_bytes().split(b"\0")
+            ):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed but not reaped by whoever adopted it, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

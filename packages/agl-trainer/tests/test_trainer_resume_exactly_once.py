@@ -14,6 +14,10 @@ sample, the times it was drawn must equal the times it was trained plus the time
 held at the end: a sample trained twice or skipped breaks the count ; and the resumed run must
 draw on where the checkpoint left the loader, as the first run did after it, so no sample is
 skipped (a sample cut off a loader batch and lost at the resume would shift every later draw).
+
+The same counts hold for a resume at a step that is a multiple of the epoch length (where verl
+restores no loader state) and for one from ``trainer.resume_from_path`` into a new folder; and the
+resumed run deletes the rollouts the dead run created after its checkpoint.
 """
 
 from __future__ import annotations
@@ -25,15 +29,18 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
-from agl_testing.agl_server import AglServerProcess
+from agl_testing.agl_server import TEST_KEY, AglServerProcess
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.vllm_server import ServedTinyModel
+from agl_types import RolloutState
 
 pytestmark = [pytest.mark.verl, pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -41,6 +48,7 @@ B = 2
 N = 2
 STEPS = 6
 ROWS = [{"x": i} for i in range(8)]
+EPOCH_STEPS = len(ROWS) // B
 TESTS_DIR = Path(__file__).resolve().parents[3] / "tests"
 WAIT_S = 600.0
 
@@ -138,10 +146,10 @@ def _latest_checkpoint(ckpt: Path) -> int | None:
         return None
 
 
-def _drew_after_a_finished_checkpoint(record: Path, ckpt: Path) -> bool:
-    """Whether the run drew a sample after beginning its last finished checkpoint (step 2 or later)."""
+def _drew_after_checkpoint(record: Path, ckpt: Path, at: Callable[[int], bool]) -> bool:
+    """Whether the run drew a sample after beginning its last finished checkpoint, whose step ``at`` accepts."""
     latest = _latest_checkpoint(ckpt)
-    return latest is not None and latest >= 2 and bool(_draws_after_checkpoint(record, latest))
+    return latest is not None and at(latest) and bool(_draws_after_checkpoint(record, latest))
 
 
 def _kill_when(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) -> None:
@@ -169,31 +177,48 @@ def _kill_when(done: Any, what: str, child: subprocess.Popen[bytes], log: Path) 
         time.sleep(0.2)
 
 
-def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once(
-    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
-) -> None:
-    overrides = _overrides(fresh_agl_server, tiny_vllm, tmp_path)
+def _kill_and_resume(
+    server: AglServerProcess,
+    served: ServedTinyModel,
+    tmp_path: Path,
+    *,
+    kill_after: Callable[[int], bool],
+    resume_overrides: Callable[[int], list[str]] = lambda _step: [],
+) -> tuple[Path, int]:
+    """Run the trainer, SIGKILL it once it drew after a finished checkpoint whose step ``kill_after``
+    accepts, and run it again with ``resume_overrides(that step)`` added; return that step's
+    checkpoint folder root and the step. The second run's checkpoints go to its
+    ``trainer.default_local_dir`` (the first run's unless the overrides move it)."""
+    overrides = _overrides(server, served, tmp_path)
     first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
-    with FakeAgents(fresh_agl_server.url, behaviour=_alternating):
+    with FakeAgents(server.url, behaviour=_alternating):
         child = _start(overrides, first)
         _kill_when(
-            lambda: _drew_after_a_finished_checkpoint(first, tmp_path / "ckpt"),
+            lambda: _drew_after_checkpoint(first, tmp_path / "ckpt", kill_after),
             "a draw after a finished checkpoint",
             child,
             first.with_suffix(".log"),
         )
         resumed_from = _latest_checkpoint(tmp_path / "ckpt")
         assert resumed_from is not None
-        child = _start(overrides, second)
+        child = _start([*overrides, *resume_overrides(resumed_from)], second)
         _wait_for(
             lambda: child.poll() is not None, "the resumed run's end", child, second.with_suffix(".log")
         )
         assert child.returncode == 0, second.with_suffix(".log").read_text()[-4000:]
+    return tmp_path / "ckpt", resumed_from
+
+
+def _assert_every_drawn_sample_trained_once(
+    tmp_path: Path, resumed_from: int, *, first_ckpt: Path, second_ckpt: Path
+) -> None:
+    """The exactly-once counts of the module docstring, for a run resumed from checkpoint ``resumed_from``."""
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     drawn_before, trained_before = _counted_up_to_checkpoint(first, resumed_from)
     drawn_after, trained_after = _counted_up_to_checkpoint(second, STEPS)
     trained = trained_before + trained_after
-    held_then, cut_off_then = _state_at(tmp_path / "ckpt", resumed_from)
-    held_at_end, _ = _state_at(tmp_path / "ckpt", STEPS)
+    held_then, cut_off_then = _state_at(first_ckpt, resumed_from)
+    held_at_end, _ = _state_at(second_ckpt, STEPS)
     assert (sum(held_then.values()), len(cut_off_then)) == (5, 1)  # the resume carried both on
     assert sum(trained.values()) == STEPS * B
     # The resumed run draws on where the checkpoint left the loader (and its cut-off sample): what
@@ -201,3 +226,70 @@ def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once
     redrawn, resumed = _draws_after_checkpoint(first, resumed_from), _draws_after_checkpoint(second, None)
     assert redrawn and resumed[: len(redrawn)] == redrawn[: len(resumed)]
     assert trained + held_at_end == drawn_before + drawn_after
+
+
+def test_a_run_killed_mid_run_and_resumed_trains_every_drawn_sample_exactly_once(
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
+) -> None:
+    ckpt, resumed_from = _kill_and_resume(
+        fresh_agl_server, tiny_vllm, tmp_path, kill_after=lambda step: step >= 2
+    )
+    _assert_every_drawn_sample_trained_once(tmp_path, resumed_from, first_ckpt=ckpt, second_ckpt=ckpt)
+
+
+def test_a_run_resumed_at_a_multiple_of_the_epoch_length_draws_on_from_its_loader_not_epoch_one(
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
+) -> None:
+    # verl restores no loader state at a step that is a multiple of the epoch length (4 steps of 2
+    # here), but agl's loader runs ahead: at checkpoint 4 it is in the middle of epoch 2.
+    ckpt, resumed_from = _kill_and_resume(
+        fresh_agl_server, tiny_vllm, tmp_path, kill_after=lambda step: step == EPOCH_STEPS
+    )
+    _assert_every_drawn_sample_trained_once(tmp_path, resumed_from, first_ckpt=ckpt, second_ckpt=ckpt)
+
+
+def test_a_run_resumed_from_a_path_into_a_new_folder_carries_that_checkpoints_agl_state_on(
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
+) -> None:
+    # trainer.resume_mode=resume_path: verl loads the named checkpoint, the new run saves elsewhere;
+    # agl's held groups, cut-off sample and weight version come from the named checkpoint too.
+    moved = tmp_path / "moved"
+    ckpt, resumed_from = _kill_and_resume(
+        fresh_agl_server,
+        tiny_vllm,
+        tmp_path,
+        kill_after=lambda step: step >= 2,
+        resume_overrides=lambda step: [
+            f"trainer.default_local_dir={moved}",
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={tmp_path / 'ckpt' / f'global_step_{step}'}",
+        ],
+    )
+    _assert_every_drawn_sample_trained_once(tmp_path, resumed_from, first_ckpt=ckpt, second_ckpt=moved)
+
+
+def _not_held(server: AglServerProcess, ckpt: Path, step: int) -> set[str]:
+    """The rollouts on ``server`` that the checkpoint of ``step`` does not hold: the run created them after it."""
+    state = json.loads((ckpt / f"global_step_{step}" / "agl_state.json").read_text())
+    held = {rollout_id for group in state["async_state"]["groups"] for rollout_id in group["pending"]}
+    with AglClient(server.url, TEST_KEY) as client:
+        return {
+            rollout.rollout_id for rollout in client.list_rollouts(list(RolloutState), limit=10_000)
+        } - held
+
+
+def test_a_resumed_run_cancels_the_rollouts_its_dead_run_created_after_its_checkpoint(
+    fresh_agl_server: AglServerProcess, tiny_vllm: ServedTinyModel, tmp_path: Path
+) -> None:
+    strays: set[str] = set()
+
+    def left_strays(step: int) -> bool:
+        strays.clear()
+        strays.update(_not_held(fresh_agl_server, tmp_path / "ckpt", step) if step >= 2 else ())
+        return bool(strays)
+
+    _kill_and_resume(fresh_agl_server, tiny_vllm, tmp_path, kill_after=left_strays)
+    with AglClient(fresh_agl_server.url, TEST_KEY) as client:
+        left = {rollout.rollout_id for rollout in client.list_rollouts(list(RolloutState), limit=10_000)}
+    assert strays
+    assert strays & left == set()

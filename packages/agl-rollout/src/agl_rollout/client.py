@@ -28,6 +28,7 @@ from agl_types import (
     Rollout,
     RolloutCreate,
     RolloutDetail,
+    RolloutMetadata,
     RolloutState,
     RolloutStatusPatch,
     TerminalRolloutsPage,
@@ -53,6 +54,8 @@ class AglClient:
     """Client of one agl-server; ``request_count`` counts every HTTP try (for benchmarks).
 
     ``key`` is sent as ``Authorization: Bearer <key>`` when non-empty, as the server expects.
+    ``run_id`` goes into the metadata of every rollout this client creates: a run resumed from a
+    checkpoint finds by it the rollouts its dead predecessor left (:mod:`agl_rollout.orphans`).
     """
 
     def __init__(
@@ -63,12 +66,14 @@ class AglClient:
         timeout_s: float = 30.0,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        run_id: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
+        self.run_id = run_id
         self.request_count = 0
         self._registered: set[tuple[str, str]] | None = None
         self._models: list[ModelRegistration] | None = None
@@ -99,6 +104,8 @@ class AglClient:
             )
         if not requests:
             return []
+        if self.run_id is not None:
+            requests = [_with_run_id(r, self.run_id) for r in requests]
         body = [r.to_wire() for r in requests]
         data = self._json("POST", "/api/rollouts", json=body, mode="idempotent")
         rollouts = [Rollout.model_validate(item) for item in data]
@@ -298,6 +305,11 @@ DROPPED_CONNECTION_ERRORS = (httpx.ReadError, httpx.WriteError, httpx.RemoteProt
 """Transport errors of a connection that was reset or closed under a call (not a refused connect,
 not a timeout): such a call is retried at once on a new connection, with no back-off (a server
 that is really gone refuses the new connection, and that error backs off)."""
+
+
+def _with_run_id(request: RolloutCreate, run_id: str) -> RolloutCreate:
+    metadata = (request.metadata or RolloutMetadata()).model_copy(update={"run_id": run_id})
+    return request.model_copy(update={"metadata": metadata})
 
 
 def _describe(failure: httpx.TransportError | httpx.Response) -> str:

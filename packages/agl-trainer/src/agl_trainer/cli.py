@@ -15,13 +15,16 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from agl_trainer.interrupts import hear_ctrl_c
 from agl_trainer.local.console import write_above_progress_bar
 from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS
 from agl_trainer.local.toy_agents import RUNNERS
 from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 PRODUCTION_KEYS = (
     "agentlightning.agl_base_url",
@@ -255,11 +258,11 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run what the command line asks for. A configuration error is one line and exit code 2, a
-        process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
-        trained nothing, one line and exit code 1, Ctrl-C one line and 130 (heard however the command was
-    started, :mod:`agl_trainer.interrupts`); any other error is a bug and
-        keeps its traceback."""
+    """Run what the command line asks for. A configuration error (also one of verl's checks failing
+    in a Ray worker, or agl's state lying in another step's checkpoint) is one line and exit code 2, a
+    process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
+    trained nothing, one line and exit code 1, Ctrl-C one line and 130 (heard however the command was
+    started: :mod:`agl_trainer.interrupts`); any other error is a bug and keeps its traceback."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     hear_ctrl_c()  # also when started in the background of a script, which hands SIGINT ignored
     _refuse_embedded_options_in_production(args)
@@ -279,11 +282,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run(args: CliArgs) -> None:
-    from agl_trainer.errors import TooManyEmptySteps
+    from agl_trainer.errors import CheckpointStateMismatch, TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
 
     try:
-        check_config(args)
+        config = check_config(args)
     except ConfigError as error:
         raise SystemExit(_fail(config_error_line(error), 2)) from None
     try:
@@ -307,7 +310,7 @@ def _run(args: CliArgs) -> None:
             )
             if not run.totals.samples_trained:
                 raise SystemExit(1)
-    except AgentImportError as error:
+    except (AgentImportError, CheckpointStateMismatch) as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
     except TooManyEmptySteps as error:
         raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None
@@ -315,6 +318,14 @@ def _run(args: CliArgs) -> None:
         raise SystemExit(
             _fail(str(error) if str(error).startswith("agl-trainer:") else f"agl-trainer: {error}", 1)
         ) from None
+    except Exception as error:
+        from agl_trainer.settings.values import leaf_keys
+        from agl_trainer.verl_glue.worker_errors import verl_check_line
+
+        line = verl_check_line(error, leaf_keys(config))
+        if line is None:
+            raise
+        raise SystemExit(_fail(line, 2)) from None
 
 
 def _fail(line: str, code: int) -> int:
@@ -351,8 +362,9 @@ class ConfigError(Exception):
     """The run's configuration cannot be trained with; the cause is verl's, Hydra's or agl's error."""
 
 
-def check_config(args: CliArgs) -> None:
-    """Compose and validate the run's config before any process starts; :class:`ConfigError` if it fails.
+def check_config(args: CliArgs) -> DictConfig:
+    """Compose and validate the run's config before any process starts and return it;
+    :class:`ConfigError` if it fails.
 
     A production run's data files are read here too, so a missing or malformed file is named now.
     """
@@ -367,10 +379,10 @@ def check_config(args: CliArgs) -> None:
             parse_settings(config)
             load_rows(config.data.train_files, key="data.train_files")
             load_rows(config.data.val_files, key="data.val_files")
-        else:
-            from agl_trainer.local import demo
+            return config
+        from agl_trainer.local import demo
 
-            demo.check_config(args.overrides)
+        return demo.check_config(args.overrides)
     except CONFIG_ERRORS as error:
         raise ConfigError(error) from error
 

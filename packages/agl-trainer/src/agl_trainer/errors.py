@@ -6,4 +6,8 @@ class TooManyEmptySteps(RuntimeError):
     """``agentlightning.max_empty_steps`` consecutive steps trained nothing."""
 
 
-__all__ = ("TooManyEmptySteps",)
+class CheckpointStateMismatch(ValueError):
+    """agl's state in a checkpoint folder belongs to another step than the checkpoint's."""
+
+
+__all__ = ("CheckpointStateMismatch", "TooManyEmptySteps")

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+import torch
 from tqdm import tqdm
 from verl import DataProto
 from verl.single_controller.ray import RayWorkerGroup
@@ -29,6 +32,7 @@ from verl.utils.tracking import Tracking
 
 from agl_adapter import EmptyBatchError
 from agl_rollout import AglClient, BatchTopUp
+from agl_rollout.orphans import cancel_orphans
 from agl_trainer.datasets import collate_rows
 from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.run_state import RunState
@@ -88,7 +92,8 @@ class AglRayPPOTrainer(RayPPOTrainer):
             collate_fn=collate_rows,
         )
         self.settings = settings
-        self.client = AglClient(settings.server.base_url, settings.server.key)
+        self.client = AglClient(settings.server.base_url, settings.server.key, run_id=uuid.uuid4().hex)
+        """Its ``run_id`` tags every rollout of this process: a run resumed from its checkpoint cancels its strays."""
         self.weight_version = 0
         """Published actor updates: a step that updates nothing (empty batch, critic warm-up) ages no group."""
         self.collection = Collection(
@@ -282,20 +287,56 @@ class AglRayPPOTrainer(RayPPOTrainer):
         sample drawn in between: the held groups and verl's dataloader state agree."""
         with self.collection.admission_held():
             state = RunState(
-                self.weight_version, self.collection.state(), self.collection.top_up.leftover_rows()
+                self.weight_version,
+                self.collection.state(),
+                self.collection.top_up.leftover_rows(),
+                run_id=self.client.run_id,
             )
             state.save(self.settings.loop.checkpoint_dir, self.global_steps)
             super()._save_checkpoint()
 
     def _load_checkpoint(self) -> Any:
+        """verl's resume, then agl's state and the loader's from the same folder; the rollouts the
+        dead run left on agl-server beyond the checkpoint's held groups are cancelled."""
         result = super()._load_checkpoint()
-        state = RunState.load(self.settings.loop.checkpoint_dir, self.global_steps)
-        if state is not None:
-            self.weight_version = state.weight_version
-            self.collection.restore(state.async_state, state.leftover_samples)
-        else:
+        folder = self._resumed_folder()
+        if folder is None:
+            return result
+        state = RunState.load(folder, self.global_steps)
+        self._restore_loader(folder)
+        if state is None:
             self.weight_version = self.global_steps  # a checkpoint of verl alone: one update per step
+            return result
+        self.weight_version = state.weight_version
+        self.collection.restore(state.async_state, state.leftover_samples)
+        if state.run_id is not None:
+            held = state.async_state.groups if state.async_state is not None else []
+            n_cancelled = cancel_orphans(
+                self.client, state.run_id, keep={rollout_id for group in held for rollout_id in group.pending}
+            )
+            if n_cancelled:
+                logger.info(
+                    "cancelled %d rollouts the dead run left on agl-server after its checkpoint", n_cancelled
+                )
         return result
+
+    def _resumed_folder(self) -> Path | None:
+        """The checkpoint folder verl resumed from (None: a fresh run): ``trainer.resume_from_path``
+        under ``trainer.resume_mode=resume_path``, else the newest under ``trainer.default_local_dir``."""
+        if not self.global_steps:
+            return None
+        trainer = self.config.trainer
+        if trainer.resume_mode == "resume_path":
+            return Path(str(trainer.resume_from_path)).absolute()
+        return self.settings.loop.checkpoint_dir / f"global_step_{self.global_steps}"
+
+    def _restore_loader(self, folder: Path) -> None:
+        """The loader's state saved in ``folder``. verl skips it at a step that is a multiple of the
+        epoch length, where its own loader has just run out; agl's runs ahead of the steps, so it is
+        mid-epoch there too, and a fresh loader would replay epoch 1's order."""
+        path = folder / "data.pt"
+        if path.exists():
+            self.train_dataloader.load_state_dict(torch.load(path, weights_only=False))
 
 
 def _stage(

@@ -73,6 +73,8 @@ class RolloutMetadata(BaseModel):
 
     batch_idx: int | None = None
     sample_idx_in_batch: int | None = None
+    run_id: str | None = None
+    """The trainer process that created the rollout (:class:`agl_rollout.AglClient`'s ``run_id``)."""
 
 
 class RolloutCreate(BaseModel):

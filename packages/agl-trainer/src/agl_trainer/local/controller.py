@@ -7,6 +7,11 @@ agents importable from the agl-server tool environment without installing agl-tr
 the user's ``PYTHONPATH`` and working directory follow it (:func:`agents_python_path`), and
 :func:`check_agent_class` imports an ``agent_class`` as the workers will, before any rollout.
 
+Each agent runs in a session of its own, outside the controller's process group, so a controller
+killed outright (SIGKILL) leaves them running. Every controller's environment, which its agents
+inherit, carries an id of its own (:data:`AGENTS_TAG_ENV`): stopping or restarting it kills the
+process group of every process that still carries it (:func:`kill_tagged_groups`).
+
 The controller gives no readiness signal (a wrong key or URL only logs an error every tick), so
 :func:`start_controller` returns once the process runs; rollouts queue until its first tick.
 """
@@ -15,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +37,8 @@ DEFAULT_POLL_INTERVAL_SECONDS = 0.2
 """The controller's tick (its default is 10 s): a rollout turns terminal only on the tick after its
 agent exits, so every second here is a second added to each step."""
 _STARTED_CHECK_SECONDS = 1.0
+AGENTS_TAG_ENV = "AGL_TRAINER_CONTROLLER_ID"
+"""Set to a fresh id in each controller's environment; its agents inherit it."""
 
 
 def agl_controller_argv(
@@ -134,27 +143,60 @@ def agent_import_path(workdir: Path) -> Path:
     return folder
 
 
+def kill_tagged_groups(name: str, value: str) -> int:
+    """SIGKILL the process group of every process whose environment holds ``name=value`` (read from
+    ``/proc``; none elsewhere), never this process's own group. Returns how many processes had it."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0
+    tag, own_group, n_tagged = f"{name}={value}".encode(), os.getpgrp(), 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if tag not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            pid = int(entry.name)
+            group = os.getpgid(pid)
+            if group == own_group:
+                os.kill(pid, signal.SIGKILL)
+            else:
+                os.killpg(group, signal.SIGKILL)
+        except (OSError, ProcessLookupError):  # gone meanwhile, or not ours to read
+            continue
+        n_tagged += 1
+    return n_tagged
+
+
 @dataclass
 class AglController:
-    """A running agl-controller child; :meth:`restart` replaces a dead one with the same command."""
+    """A running agl-controller child; :meth:`restart` replaces a dead one with the same command.
+
+    ``agents_tag``: the value of :data:`AGENTS_TAG_ENV` in its environment and its agents'.
+    """
 
     process: ChildProcess
+    agents_tag: str
 
     def restart(self) -> None:
-        """Start a new controller process, as the dead one was started (same log file, appended).
+        """Start a new controller process, as the dead one was started (same log file, appended),
+        once the dead one's agents are killed.
 
         The new controller fails the rollouts the old one left running ("local subprocess is not
         running") on its first tick, and runs the queued ones.
         """
         old = self.process
         old.stop()
+        kill_tagged_groups(AGENTS_TAG_ENV, self.agents_tag)
         self.process = ChildProcess(
             old.name, old.argv, cwd=old.cwd, log_path=old.log_path, env=old.env
         ).start()
 
     def stop(self) -> None:
-        """SIGTERM: it fails its running rollouts ("local controller shutdown") and exits in about 2 s."""
+        """SIGTERM: it fails its running rollouts ("local controller shutdown") and exits in about 2 s;
+        then the agents it left (it was killed, or did not stop within 10 s) are killed."""
         self.process.stop(grace=10.0)
+        kill_tagged_groups(AGENTS_TAG_ENV, self.agents_tag)
 
     def __enter__(self) -> AglController:
         return self
@@ -187,7 +229,8 @@ def start_controller(
         poll_interval=poll_interval,
         workdir=workdir,
     )
-    env = controller_env(server.key, python_path)
+    agents_tag = uuid.uuid4().hex
+    env = {**controller_env(server.key, python_path), AGENTS_TAG_ENV: agents_tag}
     child = ChildProcess(
         "agl-controller", argv, cwd=workdir, log_path=workdir / "agl-controller.log", env=env
     )
@@ -201,4 +244,4 @@ def start_controller(
         raise ProcessStartError(
             f"agl-controller exited with code {code} at start; last lines of {child.log_path}:\n{child.log_tail()}"
         )
-    return AglController(child)
+    return AglController(child, agents_tag)

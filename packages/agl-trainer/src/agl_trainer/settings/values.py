@@ -92,7 +92,19 @@ def section(value: Any) -> dict[str, Any]:
     return {str(key): item for key, item in container.items()}  # pyright: ignore[reportUnknownVariableType]
 
 
+def leaf_keys(config: DictConfig) -> list[str]:
+    """Every key of ``config`` that holds a value, dotted, in the config's order (no interpolation is resolved)."""
+
+    def walk(node: Any, prefix: str) -> list[str]:
+        if isinstance(node, Mapping):
+            return [leaf for key, value in node.items() for leaf in walk(value, f"{prefix}{key}.")]
+        return [prefix.rstrip(".")]
+
+    return walk(OmegaConf.to_container(config, resolve=False), "")
+
+
 __all__ = (
+    "leaf_keys",
     "flag",
     "integer",
     "number",
