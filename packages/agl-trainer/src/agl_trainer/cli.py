@@ -278,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _run(args: CliArgs) -> None:
     from agl_trainer.errors import TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
+    from agl_trainer.serving.fleet import NoServerLeftError
 
     try:
         check_config(args)
@@ -306,7 +307,7 @@ def _run(args: CliArgs) -> None:
                 raise SystemExit(1)
     except AgentImportError as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
-    except TooManyEmptySteps as error:
+    except (TooManyEmptySteps, NoServerLeftError) as error:
         raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None
     except LocalStackError as error:
         raise SystemExit(

@@ -7,6 +7,7 @@ Path 1 (verl's own replicas) implements the same protocol in :mod:`agl_trainer.s
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 _PROBE_IDS = tuple(range(1, 9))
+PROBE_ATOL = 1e-3
+"""How far a caught-up server's probe log-probs may be from another server's at the same version."""
 
 
 class WeightPusher(Protocol):
@@ -94,6 +97,8 @@ class ExternalVllmPush(ReplacesServedWeights):
         self.weights_dir = Path(weights_dir)
         self.served_version = 0
         self.served_weights = initial_weights
+        self.served_probe: list[float] | None = None
+        """The probe's log-probs at the served version, as the first server answered them after the push."""
         self._pushed = False
 
     def release(self) -> None:
@@ -107,34 +112,85 @@ class ExternalVllmPush(ReplacesServedWeights):
         workers.save_hf_weights(target)
         identical: bool | None = None  # compared once, on the first server whose probe did not move
         unverified = False
+        failures: dict[str, str] = {}
+        served_probe: list[float] | None = None
         for endpoint in self.endpoints:
             try:
                 with VllmClient(server_root(endpoint), self.model) as client:
                     # push_weights fails loudly when the served log-probs of the probe did not change.
-                    client.push_weights(target, _PROBE_IDS)
-            except UnchangedWeightsError:
+                    probe = client.push_weights(target, _PROBE_IDS)
+                served_probe = served_probe or probe
+            except UnchangedWeightsError as exc:
                 if resumed:  # what the servers held is unknown: a dead run's push of these weights, say
                     unverified = True
                     continue
                 if identical is None:
                     identical = self.served_weights is not None and same_tensors(target, self.served_weights)
                 if not identical:
-                    raise
-            except httpx.HTTPError as exc:
-                raise WeightPushError(
-                    f"could not push weights version {version} ({target}) to the vLLM server at {endpoint}: "
-                    f"{exc!r}; check agentlightning.external_servers.endpoints"
-                ) from exc
+                    failures[endpoint] = str(exc)
+            except (httpx.HTTPError, WeightPushError) as exc:
+                failures[endpoint] = f"could not push weights version {version} ({target}): {exc!r}"
+        if len(failures) == len(self.endpoints):
+            raise WeightPushError(_failures_line(version, failures), failures)
         for old in self.weights_dir.glob("step_*"):
             if old != target:
                 shutil.rmtree(old, ignore_errors=True)
+        self.served_probe = served_probe or (self.served_probe if identical else None)
         self.served_version, self.served_weights = version, target
+        if failures:  # the others serve the new version: the caller takes the failed ones out
+            raise WeightPushError(_failures_line(version, failures), failures)
         metrics = {"training/weight_version": float(version)}
         if identical:
             metrics["training/weight_push_identical"] = 1.0
         if unverified:
             metrics["training/weight_push_unverified"] = 1.0
         return metrics
+
+    def catch_up(self, endpoint: str) -> None:
+        """Bring ``endpoint``'s server (a restarted one, or one a push failed on) to the served
+        version, and check its probe against another server's at that version (the trainer's own
+        folder when none is left); raises :class:`WeightPushError` naming the endpoint on a mismatch."""
+        try:
+            with VllmClient(server_root(endpoint), self.model) as client:
+                if self.served_weights is not None and self.served_version != 0:
+                    client.serve_weights(self.served_weights)
+                served = client.prompt_logprobs(_PROBE_IDS)
+        except httpx.HTTPError as exc:
+            raise WeightPushError(
+                f"could not bring the vLLM server at {endpoint} to weights version "
+                f"{self.served_version}: {exc!r}",
+                {endpoint: repr(exc)},
+            ) from exc
+        reference = self.served_probe or self._reference_probe(exclude=endpoint)
+        if reference is None:
+            return
+        worst = max(abs(a - b) for a, b in zip(served, reference, strict=True))
+        if not math.isfinite(worst) or worst > PROBE_ATOL:
+            message = (
+                f"the vLLM server at {endpoint}, reloaded with weights version {self.served_version}, "
+                f"answers the probe {worst:.3g} away from the other servers (> {PROBE_ATOL})"
+            )
+            raise WeightPushError(message, {endpoint: message})
+
+    def _reference_probe(self, *, exclude: str) -> list[float] | None:
+        """The probe's log-probs on the first other server that answers (None: none does)."""
+        for other in self.endpoints:
+            if other == exclude:
+                continue
+            try:
+                with VllmClient(server_root(other), self.model) as client:
+                    return client.prompt_logprobs(_PROBE_IDS)
+            except httpx.HTTPError:
+                continue
+        return None
+
+
+def _failures_line(version: int, failures: dict[str, str]) -> str:
+    named = "; ".join(f"at {endpoint}: {error}" for endpoint, error in failures.items())
+    return (
+        f"weights version {version} did not reach {len(failures)} vLLM server(s): {named}; "
+        "check agentlightning.external_servers.endpoints"
+    )
 
 
 def same_tensors(left: Path, right: Path) -> bool:

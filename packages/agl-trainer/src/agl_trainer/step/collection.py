@@ -28,6 +28,7 @@ from agl_rollout import (
     AsyncRolloutManager,
     AsyncRolloutState,
     BatchTopUp,
+    CarriedGroup,
     GroupCollector,
     RetryPolicy,
     SyncRolloutManager,
@@ -81,6 +82,8 @@ class Collection:
         self.collector: GroupCollector | None = None
         self._restored: AsyncRolloutState | None = None
         self._stopped = False
+        self.rerun: Callable[[CarriedGroup], bool] | None = None
+        """Which complete groups to run again (a server died under them); see :meth:`GroupCollector.take`."""
 
     def restore(self, state: AsyncRolloutState | None, leftover_samples: Sequence[dict[str, Any]]) -> None:
         """Carry a checkpoint's held groups and cut-off loader samples on (before :meth:`start`)."""
@@ -155,7 +158,11 @@ class Collection:
         collected, drain = self._with_gateway_open(
             step,
             lambda: collector.take(
-                trained_version, timeout_s=self.settings.take_timeout_s, keep=keep, max_examined=max_examined
+                trained_version,
+                timeout_s=self.settings.take_timeout_s,
+                keep=keep,
+                max_examined=max_examined,
+                rerun=self.rerun,
             ),
         )
         metrics = {
