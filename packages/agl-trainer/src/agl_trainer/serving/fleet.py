@@ -38,9 +38,9 @@ from agl_types import CompletedRollout, RolloutState
 logger = logging.getLogger(__name__)
 
 ServerState = Literal["live", "dead", "stale"]
-HEALTH_TIMEOUT_S = 2.0
+HEALTH_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 1.0
-RERUN_WINDOW_S = 5.0
+RERUN_WINDOW_S = 10.0
 """A failed rollout counts as hit by a server's death detected up to this long before it was
 enqueued or after it finished (the watcher's interval and the health timeout, with a margin)."""
 
