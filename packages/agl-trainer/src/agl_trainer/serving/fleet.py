@@ -70,17 +70,18 @@ def health_error(endpoint: str, timeout_s: float = HEALTH_TIMEOUT_S) -> str | No
 
 def calls_share(rollouts: Iterable[CompletedRollout], endpoints: Sequence[str]) -> dict[str, float]:
     """``serving/calls_share/<i>``: the share of the rollouts' model calls the ``i``-th of
-    ``endpoints`` served (each call's endpoint as the gateway recorded it); all 0 without calls."""
-    served = Counter(
-        str(triplet.metadata.get("server", {}).get("endpoint"))
-        for rollout in rollouts
-        for triplet in rollout.triplets
-    )
+    ``endpoints`` served, from each call's endpoint as its triplet carries it; nothing when no
+    call carries one (agl-server's triplet view trims the endpoint away: only the raw events hold it)."""
+    served = Counter(endpoint for rollout in rollouts for endpoint in _call_endpoints(rollout))
     total = sum(served.values())
-    return {
-        f"serving/calls_share/{i}": (served[endpoint] / total if total else 0.0)
-        for i, endpoint in enumerate(endpoints)
-    }
+    if not total:
+        return {}
+    return {f"serving/calls_share/{i}": served[endpoint] / total for i, endpoint in enumerate(endpoints)}
+
+
+def _call_endpoints(rollout: CompletedRollout) -> list[str]:
+    """The endpoint of each of the rollout's calls that records one."""
+    return [e for t in rollout.triplets if isinstance(e := t.metadata.get("server", {}).get("endpoint"), str)]
 
 
 class Fleet:
@@ -193,7 +194,7 @@ class Fleet:
             return False
         started = rollout.running_at or rollout.enqueue_time
         finished = rollout.finished_at or time.time()
-        called = {str(t.metadata.get("server", {}).get("endpoint")) for t in rollout.triplets}
+        called = set(_call_endpoints(rollout))  # empty when the calls record no endpoint
         return any(
             started - RERUN_WINDOW_S <= at <= finished + RERUN_WINDOW_S and (not called or endpoint in called)
             for endpoint, at in self.deaths
