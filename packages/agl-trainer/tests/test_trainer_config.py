@@ -175,3 +175,18 @@ def test_r3_router_replay_makes_every_row_carry_moe_routes(overrides: list[str],
     settings = parse_settings(compose_config(overrides))
     assert settings.adapter.build(tokenizer=None).require_routed_experts is required
     assert (settings.adapter.routing_replay_key is not None) is required
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_local_vllm_servers_must_be_an_int_of_at_least_one(value: str) -> None:
+    config = compose_config([f"agentlightning.local.vllm_servers={value}"])
+    with pytest.raises(ValueError) as raised:
+        parse_settings(config)
+    assert str(raised.value).startswith("agentlightning.local.vllm_servers must be an int >= 1, got ")
+
+
+def test_local_vllm_servers_defaults_to_one() -> None:
+    from agl_trainer.settings.pipeline import local_vllm_servers
+
+    assert local_vllm_servers(compose_config([])) == 1
+    assert local_vllm_servers(compose_config(["agentlightning.local.vllm_servers=2"])) == 2

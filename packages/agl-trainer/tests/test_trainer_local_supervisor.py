@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from agl_trainer.local import (
     start_agl_server,
     start_controller,
 )
+from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
+from agl_trainer.local.services import VllmServer
 from agl_types import RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -157,3 +160,40 @@ def _kill_when_running(client: AglClient, controller: AglController) -> None:
         assert time.monotonic() < deadline, "the controller did not start 2 agents within 60 s"
         time.sleep(0.05)
     _kill(controller.process.pid)
+
+
+def _vllm_stand_in(tmp_path: Path) -> VllmServer:
+    """A process in the place of a vLLM server (Python's HTTP server on a loopback port): what is
+    under test is the supervisor's restart of the process, the same command on the same port."""
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", LOOPBACK]
+    child = ChildProcess("vllm", argv, cwd=tmp_path, log_path=tmp_path / "vllm-1.log").start()
+    child.wait_healthy(f"http://{LOOPBACK}:{port}/", timeout=30)
+    return VllmServer(url=f"http://{LOOPBACK}:{port}", served_model_name="m", process=child)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_vllm_of_several_is_restarted_on_its_port_counted_and_the_run_goes_on_until_restarts_run_out(
+    tmp_path: Path,
+) -> None:
+    failures: list[str] = []
+    server = _vllm_stand_in(tmp_path)
+    try:
+        with Supervisor(interval=0.05, max_vllm_restarts=1) as supervisor:
+            supervisor.on_failure = lambda: failures.append(str(supervisor.failure))
+            supervisor.watch_vllm(server)
+            first_pid = server.process.pid
+            _kill(first_pid)
+            deadline = time.monotonic() + 10
+            while server.process.pid == first_pid and time.monotonic() < deadline:
+                time.sleep(0.05)
+            server.process.wait_healthy(f"{server.url}/", timeout=30)
+            restarted = (supervisor.vllm_restarts, list(failures), server.process.pid != first_pid)
+            _kill(server.process.pid)
+            deadline = time.monotonic() + 10
+            while not failures and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        server.stop()
+    assert restarted == (1, [], True)
+    assert failures == [f"vllm exited with code -9 during the run; its log: {tmp_path / 'vllm-1.log'}"]

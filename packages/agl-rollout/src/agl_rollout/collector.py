@@ -191,18 +191,20 @@ class GroupCollector:
         timeout_s: float,
         keep: Callable[[CarriedGroup], bool] | None = None,
         max_examined: int | None = None,
+        rerun: Callable[[CarriedGroup], bool] | None = None,
     ) -> CollectedGroups:
         """Block until ``train_batch_size`` fresh complete groups pass ``keep``, and hand them over.
 
         ``trained_version`` is the weight version the step trains (ages are measured against it).
         Over-age groups are dropped or requeued as the gate says, groups from newer weights are
-        dropped and their samples run again (fresh groups), and groups ``keep`` refuses are let go (the thread admits others meanwhile); after
+        dropped and their samples run again (fresh groups), so are the groups ``rerun`` names (the
+        caller's: a server died under them; ``training/n_rollouts_rerun`` counts their rollouts), and groups ``keep`` refuses are let go (the thread admits others meanwhile); after
         ``max_examined`` groups the take returns what it kept. Raises :class:`CollectorError` when
         the thread failed and ``TimeoutError`` after ``timeout_s`` without enough groups.
         """
         started = time.monotonic()
         kept: list[CarriedGroup] = []
-        dropped = requeued = ahead = examined = filtered = 0
+        dropped = requeued = ahead = examined = filtered = rerun_rollouts = 0
         progress = WaitProgress("train groups", self.train_batch_size, enabled=self.manager.config.progress)
         with self._lock:
             while True:
@@ -211,7 +213,14 @@ class GroupCollector:
                     if len(kept) == self.train_batch_size or examined == max_examined:
                         break
                     self._ready.remove(group)
-                    if is_ahead(group, trained_version):
+                    if rerun is not None and rerun(group):
+                        self._to_requeue.append((group, self._steps_done + 1))
+                        rerun_rollouts += group.n_rollouts
+                        logger.warning(
+                            "group %s had rollouts fail on a server that died: its sample runs again",
+                            group.data_id,
+                        )
+                    elif is_ahead(group, trained_version):
                         # Weights this run never had served it: its sample runs again, as a fresh group.
                         self._to_requeue.append((group, self._steps_done + 1))
                         ahead += 1
@@ -253,6 +262,7 @@ class GroupCollector:
         metrics["training/async/dropped_stale"] = float(dropped)
         metrics["training/async/requeued_stale"] = float(requeued)
         metrics["training/async/dropped_future_version"] = float(ahead)
+        metrics["training/n_rollouts_rerun"] = float(rerun_rollouts)
         short = len(kept) < self.train_batch_size
         return CollectedGroups(kept, metrics, n_examined=examined, n_filtered=filtered, short=short)
 

@@ -284,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _run(args: CliArgs) -> None:
     from agl_trainer.errors import CheckpointStateMismatch, TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
+    from agl_trainer.serving.fleet import NoServerLeftError
 
     try:
         config = check_config(args)
@@ -312,7 +313,7 @@ def _run(args: CliArgs) -> None:
                 raise SystemExit(1)
     except (AgentImportError, CheckpointStateMismatch) as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
-    except TooManyEmptySteps as error:
+    except (TooManyEmptySteps, NoServerLeftError) as error:
         raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None
     except LocalStackError as error:
         raise SystemExit(

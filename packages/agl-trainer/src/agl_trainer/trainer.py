@@ -36,6 +36,7 @@ from agl_rollout.orphans import cancel_orphans
 from agl_trainer.datasets import collate_rows
 from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.run_state import RunState
+from agl_trainer.serving.fleet import Fleet
 from agl_trainer.serving.publisher import Publisher
 from agl_trainer.serving.replicas import VerlReplicas
 from agl_trainer.serving.weights import WeightPusher
@@ -111,6 +112,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.policy_workers: PolicyWorkers | None = None
         self.replicas: VerlReplicas | None = None
         self._publisher: Publisher | None = None
+        self._fleet: Fleet | None = None
 
     def init_workers(self) -> None:
         """Build verl's actor (and ref, critic) workers, verl's vLLM replicas unless the servers are
@@ -131,9 +133,17 @@ class AglRayPPOTrainer(RayPPOTrainer):
         self.distillation_config = None  # pyright: ignore[reportAttributeAccessIssue]  (no distillation)
         workers.check_policy_loss(str(self.config.actor_rollout_ref.actor.policy_loss.loss_mode))
         pusher, endpoints = self._weight_pusher, server.endpoints
+        fleet: Fleet | None = None
         if server.uses_verl_replicas:
             self.replicas = VerlReplicas.start(replica_config(self.config), workers)
             pusher, endpoints = self.replicas, tuple(self.replicas.addresses)
+        elif hasattr(pusher, "endpoints"):  # a pusher to external servers: watch them
+            catch_up = getattr(pusher, "catch_up", None)
+            fleet = Fleet(
+                self.client, endpoints, model_name=server.model_name, route=pusher.route, catch_up=catch_up
+            )
+            self.collection.rerun = fleet.reruns
+            self._fleet = fleet.start()
         self._publisher = Publisher(
             self.client,
             pusher,
@@ -141,11 +151,15 @@ class AglRayPPOTrainer(RayPPOTrainer):
             endpoints=endpoints,
             resume=self.settings.pipeline.admission.overlap,
             drain=server.drain,
+            fleet=fleet,
         )
 
     def shutdown(self) -> None:
-        """Stop the collector, the replicas and workers and close the server client; Ray itself stays up."""
+        """Stop the collector, the server watcher, the replicas and workers and close the server
+        client; Ray itself stays up."""
         self.collection.stop()
+        if self._fleet is not None:
+            self._fleet.stop()
         if self.replicas is not None:
             self.replicas.shutdown()
             self.replicas = None
@@ -224,6 +238,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
         settings, step = self.settings, self.global_steps
         metrics: dict[str, Any] = {"timing/step_start_wall": time.time(), "training/n_sample_trained": 0}
         rollouts = _stage("gen", timing, metrics, self.collection.take, step, self.weight_version)
+        metrics.update(self.publisher.serving_metrics(rollouts))
         batch = _stage("adapter", timing, metrics, self._rows, rollouts)
         if batch is not None and settings.overlong is not None:
             batch = _stage("overlong", timing, metrics, shape_overlong, batch, settings.overlong)

