@@ -145,3 +145,30 @@ def test_interrupted_parent_stops_its_children(tmp_path: Path, signum: signal.Si
     # The parent's stop gives its child 10 s of grace; a loaded machine gets ample margin on top.
     assert parent.wait(timeout=120) != 0
     assert not _pid_alive(child_pid)
+
+
+def test_a_child_that_was_killed_has_what_outlived_it_in_its_group_killed_when_stopped(
+    tmp_path: Path,
+) -> None:
+    """As a SIGKILLed vLLM leaves its engine core running: the leader dies, its group lives on."""
+    pid_file = tmp_path / "grandchild.pid"
+    leader = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        from pathlib import Path
+        grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        Path({str(pid_file)!r}).write_text(str(grandchild.pid))
+        time.sleep(120)
+        """
+    )
+    child = ChildProcess("leader", [sys.executable, "-c", leader], cwd=tmp_path, log_path=tmp_path / "l.log")
+    with child.start():
+        grandchild = int(_wait_for_file(pid_file))
+        assert child.pid is not None
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait_exit(30) == -signal.SIGKILL
+        assert _pid_alive(grandchild)
+    deadline = time.monotonic() + 10
+    while _pid_alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _pid_alive(grandchild)

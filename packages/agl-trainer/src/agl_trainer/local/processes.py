@@ -72,7 +72,7 @@ class ChildProcess:
 
     @property
     def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
+        return self._process is not None and self.exit_code is None
 
     @property
     def exit_code(self) -> int | None:
@@ -118,7 +118,7 @@ class ChildProcess:
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=5.0) as client:
             while True:
-                code = self._process.poll() if self._process is not None else None
+                code = self.exit_code
                 if code is not None:
                     raise ProcessStartError(
                         f"{self.name} exited with code {code} before {url} answered; "
@@ -140,10 +140,9 @@ class ChildProcess:
         """The exit code if the process ends within ``timeout`` seconds, else None (still running)."""
         if self._process is None:
             raise RuntimeError(f"{self.name} was never started")
-        try:
-            return self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if not _wait_unreaped(self._process.pid, timeout):
             return None
+        return self.exit_code  # unreaped: stop() still finds the group by the leader's pid
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the child's log (empty if none yet)."""
@@ -154,16 +153,19 @@ class ChildProcess:
     def stop(self, grace: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL it after ``grace`` seconds; idempotent.
 
+        A process that died on its own is reaped here too, once what of its group outlived it is
+        killed (a SIGKILLed vLLM leaves its engine core and workers running, 2 GB or more).
         Returns the exit code, or None if the process was never started.
         """
         self.stopping = True
         process = self._process
         if process is None:
             return None
-        if process.poll() is None:
-            _signal_group(process.pid, signal.SIGTERM)
-            if not _wait_unreaped(process.pid, grace):
-                _signal_group(process.pid, signal.SIGKILL)
+        if process.returncode is None:  # not reaped yet (nothing else here reaps it)
+            if self.exit_code is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                if not _wait_unreaped(process.pid, grace):
+                    _signal_group(process.pid, signal.SIGKILL)
             # The leader is a zombie now, so its pid (the group id) cannot be reused yet: kill
             # whatever of its group outlived it (vLLM's engine core), then reap it.
             _signal_group(process.pid, signal.SIGKILL)

@@ -6,12 +6,10 @@ on failure. The command lines are built by pure functions so they can be read an
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import secrets
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,10 +202,7 @@ class VllmServer:
         """Start a new server as the dead one was started (same port, same log file, appended),
         without waiting for it: the trainer registers it again once it answers and caught up."""
         old = self.process
-        if old.pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(old.pid, signal.SIGKILL)  # what outlived it (vLLM's engine core) holds the port
-        old.stop()
+        old.stop()  # also kills what outlived it (vLLM's engine core), which holds the port
         self.process = ChildProcess(
             old.name, old.argv, cwd=old.cwd, log_path=old.log_path, env=old.env
         ).start()
