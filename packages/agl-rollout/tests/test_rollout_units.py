@@ -30,6 +30,7 @@ from agl_rollout import (
     record_lifecycle,
     request_image_urls,
     served_adapter_versions,
+    served_endpoints,
     to_native,
 )
 from agl_rollout.pacing import SweepPacer
@@ -528,3 +529,22 @@ def test_the_collectors_admission_is_the_only_formula_for_how_many_groups_to_sta
     # alone (a second formula beside it had no caller and could drift from it).
     second_formula = ("shortfall", "enqueue_and_wait_until_group_completed")
     assert [name for name in second_formula if hasattr(AsyncRolloutManager, name)] == []
+
+
+def test_a_raw_calls_endpoint_is_the_one_the_gateway_sent_it_to() -> None:
+    calls = [
+        _event("model_request", {"server": {"model": "m", "endpoint": "http://127.0.0.1:8000/v1"}}),
+        _event("model_request", {"server": {"model": "m", "endpoint": 8000}}),
+        _event("model_request", {"server": {"model": "m"}}),
+        _event("model_request", {}),
+    ]
+    assert served_endpoints(calls) == ["http://127.0.0.1:8000/v1", None, None, None]
+
+
+def test_extracted_triplets_carry_each_calls_serving_endpoint_where_known() -> None:
+    events = [_triplet_request([1], [2]), _triplet_request([1], [3])]
+    extraction = extract_triplets(events, endpoints=["http://127.0.0.1:8001/v1", None])
+    assert [t.metadata["server"] for t in extraction.triplets] == [
+        {"model": "m", "version": 3, "endpoint": "http://127.0.0.1:8001/v1"},
+        {"model": "m", "version": 3, "endpoint": None},  # the triplet view's own: dropped
+    ]

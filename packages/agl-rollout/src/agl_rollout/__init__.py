@@ -23,7 +23,7 @@ from agl_rollout.images import image_urls_per_call, request_image_urls
 from agl_rollout.lifecycle import lifecycle_metrics, percentile, record_lifecycle
 from agl_rollout.progress import WaitProgress
 from agl_rollout.queueing import QueuedBatch, build_requests, enqueue
-from agl_rollout.raw_calls import raw_call_per_triplet_call, served_adapter_versions
+from agl_rollout.raw_calls import raw_call_per_triplet_call, served_adapter_versions, served_endpoints
 from agl_rollout.retry import RetryPolicy
 from agl_rollout.staleness import (
     STALE_STRATEGIES,
@@ -83,6 +83,7 @@ __all__ = (
     "image_urls_per_call",
     "raw_call_per_triplet_call",
     "served_adapter_versions",
+    "served_endpoints",
     "request_image_urls",
     "lifecycle_metrics",
     "percentile",

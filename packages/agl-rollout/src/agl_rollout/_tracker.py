@@ -25,7 +25,12 @@ from agl_rollout.errors import AglHTTPError, AglServerError, AglUnavailableError
 from agl_rollout.hooks import HookRunner
 from agl_rollout.images import raw_calls_image_urls
 from agl_rollout.lifecycle import record_lifecycle
-from agl_rollout.raw_calls import MODEL_REQUEST, raw_call_per_triplet_call, served_adapter_versions
+from agl_rollout.raw_calls import (
+    MODEL_REQUEST,
+    raw_call_per_triplet_call,
+    served_adapter_versions,
+    served_endpoints,
+)
 from agl_rollout.triplets import TripletExtraction, build_completed_rollout, extract_triplets
 from agl_types import CompletedRollout, EnqueuedRollout, Rollout, RolloutState, RolloutStatusPatch
 
@@ -220,15 +225,16 @@ class RolloutTracker:
             rid, triplet=True, include_routed_experts=self.config.include_routed_experts
         )
         prefix = self.config.served_adapter_prefix
-        paired = None  # each call's raw event, read when images or served adapters are wanted
-        if self.config.include_images or prefix is not None:
+        paired = None  # each call's raw event, read when images, served adapters or endpoints are wanted
+        if self.config.include_images or prefix is not None or self.config.include_endpoints:
             calls = self.client.get_events(rid, event_type=MODEL_REQUEST, include_routed_experts=False)
             paired = raw_call_per_triplet_call(events, calls)
         images = raw_calls_image_urls(paired) if paired is not None and self.config.include_images else None
         versions = (
             served_adapter_versions(paired, prefix) if paired is not None and prefix is not None else None
         )
-        extraction = extract_triplets(events, images, versions)
+        endpoints = served_endpoints(paired) if paired is not None and self.config.include_endpoints else None
+        extraction = extract_triplets(events, images, versions, endpoints)
         completed = build_completed_rollout(record, rollout, extraction, timed_out=timed_out)
         self._delete(rid)
         counts.add(completed, extraction.n_invalid_events)

@@ -28,6 +28,9 @@ class RolloutManagerConfig:
     ``served_adapter_prefix`` reads, from the same raw events, the LoRA adapter vLLM answered each
     call with: one named ``<prefix><N>`` makes the call's weight version ``N``, whatever the
     registration said (agl-trainer's adapter pushes switch adapters without moving it).
+    ``include_endpoints`` reads, from the same raw events, the endpoint that served each call (the
+    triplet view drops it) and sets it in its triplet's ``metadata["server"]["endpoint"]``, for
+    per-server metrics and for telling which calls a dead server had.
     """
 
     train_rollout_n: int = 1
@@ -42,6 +45,7 @@ class RolloutManagerConfig:
     include_routed_experts: bool = False
     include_images: bool = False
     served_adapter_prefix: str | None = None
+    include_endpoints: bool = False
 
     def __post_init__(self) -> None:
         if self.train_rollout_n < 1:

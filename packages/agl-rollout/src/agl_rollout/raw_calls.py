@@ -2,7 +2,8 @@
 
 The triplet view trims a call to its token ids (and the registration that served it), so what else
 training needs of a call is read from its raw event: its images (:mod:`agl_rollout.images`) and
-the LoRA adapter vLLM answered with (:func:`served_adapter_versions`). The triplet view trims and
+the LoRA adapter vLLM answered with (:func:`served_adapter_versions`) and the endpoint that served
+it (:func:`served_endpoints`). The triplet view trims and
 drops superseded calls but keeps the raw events' order and timestamps, so each trimmed call is
 paired with the next raw call that has its timestamp and prompt ids.
 """
@@ -78,4 +79,14 @@ def served_adapter_versions(raw_calls: Sequence[Event], adapter_prefix: str) -> 
     return versions
 
 
-__all__ = ("MODEL_REQUEST", "raw_call_per_triplet_call", "served_adapter_versions")
+def served_endpoints(raw_calls: Sequence[Event]) -> list[str | None]:
+    """For each raw call, the endpoint the gateway sent it to (its ``server.endpoint``), else None."""
+    endpoints: list[str | None] = []
+    for call in raw_calls:
+        server = call.data.get("server")
+        endpoint = server.get("endpoint") if isinstance(server, dict) else None
+        endpoints.append(endpoint if isinstance(endpoint, str) else None)
+    return endpoints
+
+
+__all__ = ("MODEL_REQUEST", "raw_call_per_triplet_call", "served_adapter_versions", "served_endpoints")

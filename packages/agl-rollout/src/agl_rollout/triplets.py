@@ -26,7 +26,9 @@ class TripletExtraction:
     n_invalid_events: int
 
 
-def _triplet(event: Event, image_urls: list[str] | None, version: int | None) -> Triplet | None:
+def _triplet(
+    event: Event, image_urls: list[str] | None, version: int | None, endpoint: str | None
+) -> Triplet | None:
     try:
         data = TripletModelRequestData.model_validate(event.data)
         if data.is_error or not data.response_token_ids:
@@ -34,6 +36,8 @@ def _triplet(event: Event, image_urls: list[str] | None, version: int | None) ->
         server = data.server.model_dump()
         if version is not None:
             server["version"] = version
+        if endpoint is not None:
+            server["endpoint"] = endpoint
         return Triplet(
             prompt_token_ids=data.prompt_token_ids,
             response_token_ids=data.response_token_ids,
@@ -51,6 +55,7 @@ def extract_triplets(
     events: Sequence[Event],
     image_urls: Sequence[list[str]] | None = None,
     versions: Sequence[int | None] | None = None,
+    endpoints: Sequence[str | None] | None = None,
 ) -> TripletExtraction:
     """Build the triplets of one rollout from its ``format=triplet`` events.
 
@@ -60,13 +65,17 @@ def extract_triplets(
     earlier valid one. ``image_urls``, when given, holds each ``model_request``'s images, one list
     per call (:func:`agl_rollout.images.image_urls_per_call`); ``versions``, when given, each
     call's served weight version where known (:func:`agl_rollout.raw_calls.served_adapter_versions`),
-    which replaces the version of the registration the gateway recorded.
+    which replaces the version of the registration the gateway recorded; ``endpoints``, when
+    given, each call's serving endpoint where known (:func:`agl_rollout.raw_calls.served_endpoints`),
+    set as the triplet's ``metadata["server"]["endpoint"]``.
     """
     calls = [event for event in events if event.event_type == MODEL_REQUEST]
     if image_urls is not None and len(image_urls) != len(calls):
         raise ValueError(f"image_urls has {len(image_urls)} lists for {len(calls)} model_request events")
     if versions is not None and len(versions) != len(calls):
         raise ValueError(f"versions has {len(versions)} values for {len(calls)} model_request events")
+    if endpoints is not None and len(endpoints) != len(calls):
+        raise ValueError(f"endpoints has {len(endpoints)} values for {len(calls)} model_request events")
     triplets: list[Triplet] = []
     final_reward: float | None = None
     n_invalid = 0
@@ -77,6 +86,7 @@ def extract_triplets(
                 event,
                 None if image_urls is None else image_urls[n_calls],
                 None if versions is None else versions[n_calls],
+                None if endpoints is None else endpoints[n_calls],
             )
             n_calls += 1
             if triplet is None:

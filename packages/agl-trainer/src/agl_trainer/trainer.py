@@ -104,6 +104,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             drain=settings.server.drain,
             include_images=processor is not None,
             served_adapter_prefix=weight_pusher.served_adapter_prefix,
+            include_endpoints=bool(settings.server.endpoints),
         )
         self.adapter = settings.adapter.build(tokenizer, processor)
         self.kl_ctrl = kl_controller(settings.advantages)

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -70,18 +71,30 @@ def health_error(endpoint: str, timeout_s: float = HEALTH_TIMEOUT_S) -> str | No
 
 def calls_share(rollouts: Iterable[CompletedRollout], endpoints: Sequence[str]) -> dict[str, float]:
     """``serving/calls_share/<i>``: the share of the rollouts' model calls the ``i``-th of
-    ``endpoints`` served, from each call's endpoint as its triplet carries it; nothing when no
-    call carries one (agl-server's triplet view trims the endpoint away: only the raw events hold it)."""
-    served = Counter(endpoint for rollout in rollouts for endpoint in _call_endpoints(rollout))
+    ``endpoints`` served, from each call's endpoint as its triplet carries it (the collector reads
+    it from the raw events: ``include_endpoints``); nothing when no call carries one."""
+    served = Counter(server for rollout in rollouts for server in _call_servers(rollout))
     total = sum(served.values())
     if not total:
         return {}
-    return {f"serving/calls_share/{i}": served[endpoint] / total for i, endpoint in enumerate(endpoints)}
+    return {
+        f"serving/calls_share/{i}": served[_server(endpoint)] / total for i, endpoint in enumerate(endpoints)
+    }
 
 
-def _call_endpoints(rollout: CompletedRollout) -> list[str]:
-    """The endpoint of each of the rollout's calls that records one."""
-    return [e for t in rollout.triplets if isinstance(e := t.metadata.get("server", {}).get("endpoint"), str)]
+def _server(url: str) -> str:
+    """The ``host:port`` of an endpoint or of a route on its server (a LoRA run registers
+    ``/agl/adapters/current/v1`` on each): the server a call went to."""
+    return urlsplit(url).netloc
+
+
+def _call_servers(rollout: CompletedRollout) -> list[str]:
+    """The server (``host:port``) of each of the rollout's calls that records its endpoint."""
+    return [
+        _server(e)
+        for t in rollout.triplets
+        if isinstance(e := t.metadata.get("server", {}).get("endpoint"), str)
+    ]
 
 
 class Fleet:
@@ -194,9 +207,10 @@ class Fleet:
             return False
         started = rollout.running_at or rollout.enqueue_time
         finished = rollout.finished_at or time.time()
-        called = set(_call_endpoints(rollout))  # empty when the calls record no endpoint
+        called = set(_call_servers(rollout))  # empty when the calls record no endpoint
         return any(
-            started - RERUN_WINDOW_S <= at <= finished + RERUN_WINDOW_S and (not called or endpoint in called)
+            started - RERUN_WINDOW_S <= at <= finished + RERUN_WINDOW_S
+            and (not called or _server(endpoint) in called)
             for endpoint, at in self.deaths
         )
 

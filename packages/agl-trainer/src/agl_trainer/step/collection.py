@@ -73,16 +73,21 @@ class Collection:
         drain: Drain,
         include_images: bool = False,
         served_adapter_prefix: str | None = None,
+        include_endpoints: bool = False,
     ) -> None:
         """``include_images``: read each model call's images (a vision-language model's run);
         ``served_adapter_prefix``: record each call at the version of the adapter that answered it
-        (the weight pusher's)."""
+        (the weight pusher's); ``include_endpoints``: record the endpoint that served each call (several
+        external servers: per-server metrics)."""
         self.client = client
         self.settings = settings
         self.top_up = top_up
         self.drain = drain
         self._manager_config = replace(
-            settings.manager, include_images=include_images, served_adapter_prefix=served_adapter_prefix
+            settings.manager,
+            include_images=include_images,
+            served_adapter_prefix=served_adapter_prefix,
+            include_endpoints=include_endpoints,
         )
         hooks = load_hooks(settings.hooks) if settings.hooks else None
         # Validation (main thread) and the collector (its thread) run the one hooks object, one call
