@@ -6,34 +6,17 @@ the probe at the current weight version.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import signal
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from agl_testing.key_scan import find_processes
-
-
-def _own_agent_helpers() -> ModuleType:
-    """``test_trainer_local_own_agent``'s ``start_trainer`` (the real command, in a fresh cache
-    folder), loaded from its file: the test modules are not importable by name."""
-    path = Path(__file__).with_name("test_trainer_local_own_agent.py")
-    spec = importlib.util.spec_from_file_location("_agl_own_agent_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-start_trainer = _own_agent_helpers().start_trainer
+from agl_testing.trainer_command import start_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.server, pytest.mark.verl]
 
@@ -75,6 +58,9 @@ def test_a_vllm_server_killed_mid_run_is_restarted_and_readmitted_after_its_prob
     live = [d["serving/servers_live"] for d in data]
     assert live[0] == 2.0 and 1.0 in live and live[-1] == 2.0
     assert data[-1]["serving/server_failures"] == 1.0
+    # Each step's calls split between the live servers, both serving before the kill.
+    assert all(d["serving/calls_share/0"] + d["serving/calls_share/1"] == pytest.approx(1.0) for d in data)
+    assert data[0]["serving/calls_share/0"] > 0 and data[0]["serving/calls_share/1"] > 0
     assert sum(d["training/n_rollouts_rerun"] for d in data) % 4 == 0  # whole groups, run again
     # The restart, then the catch-up's probe at the current version, then the registration.
     died = re.search(r"inference server (\S+) is dead", stderr)
