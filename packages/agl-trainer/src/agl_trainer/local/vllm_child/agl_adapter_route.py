@@ -26,7 +26,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from agl_weight_staging import WeightStaging  # pyright: ignore[reportMissingImports]  (vLLM's PYTHONPATH has this folder)
+from agl_weight_staging import WeightStaging, read_body  # pyright: ignore[reportMissingImports]  (vLLM's PYTHONPATH has this folder)
 
 PREFIX = "/agl/adapters/"
 LISTING = PREFIX.rstrip("/")
@@ -82,7 +82,7 @@ class AdapterRoute:
 
     async def _make_current(self, receive: Receive, send: Send) -> None:
         try:
-            payload = json.loads(await _read_body(receive))
+            payload = json.loads(await read_body(receive))
         except ValueError:
             payload = None
         name = payload.get("name") if isinstance(payload, dict) else None
@@ -93,7 +93,7 @@ class AdapterRoute:
         await _answer(send, 200, {"current": name})
 
     async def _serve(self, scope: Scope, name: str, rest: str, receive: Receive, send: Send) -> None:
-        body = await _read_body(receive)
+        body = await read_body(receive)
         try:
             payload = json.loads(body) if body else {}
         except ValueError:
@@ -107,15 +107,6 @@ class AdapterRoute:
         headers.append((b"content-length", str(len(rewritten)).encode()))
         inner = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode(), "headers": headers}
         await self.app(inner, _replay(rewritten, receive), send)
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
