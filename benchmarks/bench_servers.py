@@ -4,16 +4,18 @@ Runs ``agl-trainer`` in this process's environment with ``agentlightning.local.v
 each N and mode, and prints, per run and as the median of ``--repeats`` runs with their spread
 (min-max):
 
-- a push's time per step (``timing_s/update_weights``: save the weights, reload them on every
-  server, register the new version) and the gateway's paused seconds per step
-  (``training/async/gateway_paused_seconds``), means over steps 2..N;
+- a push's time per step (``timing_s/update_weights``: save the weights, get them to every server,
+  reload them on every server, register the new version), the part of it spent getting the bytes to
+  the servers while the gateway still serves (``training/weight_stage_seconds``) and the gateway's
+  paused seconds per step (``training/async/gateway_paused_seconds``: the reloads), means over
+  steps 2..N;
 - the trained samples per second: ``training/n_sample_trained`` of steps 2..N over the wall time
   from the end of step 1 to the end of step N;
 - each server's share of the model calls (``serving/calls_share/<i>``, over steps 2..N).
 
 Each push and pause is also given as a ratio to the N=1 run's median of the same mode, measured in
-the same invocation; ``N reloads`` is what N reloads one after another would take (N times the N=1
-push). On 2 cores, more servers do not add throughput (they share the cores with the actor); the
+the same invocation; ``N in a row`` is what N pauses one after another would take (N times the N=1
+pause). On 2 cores, more servers do not add throughput (they share the cores with the actor); the
 figures that matter are that a push does not grow in N the way N reloads in a row would, and that
 the pause covers the reloads only.
 
@@ -40,6 +42,7 @@ class Result:
     """One run's figures."""
 
     push_s: float
+    stage_s: float
     paused_s: float
     samples_per_s: float
     shares: tuple[float, ...]
@@ -65,6 +68,7 @@ def summarise(metrics_file: Path, n_servers: int) -> Result:
     wall = end(data[-1]) - end(data[0])
     return Result(
         push_s=statistics.mean(d.get("timing_s/update_weights", 0.0) for d in later),
+        stage_s=statistics.mean(d.get("training/weight_stage_seconds", 0.0) for d in later),
         paused_s=statistics.mean(d.get("training/async/gateway_paused_seconds", 0.0) for d in later),
         samples_per_s=sum(d["training/n_sample_trained"] for d in later) / wall,
         shares=tuple(
@@ -96,8 +100,8 @@ def main() -> None:
                 results.setdefault((mode, n), []).append(result)
                 print(f"{mode} N={n}: {result}", file=sys.stderr, flush=True)
     print(f"medians of {args.repeats} runs (min-max), {args.steps} steps, steps 2..N")
-    print(f"{'mode':<12}{'N':>3}  {'push s':<22}{'x N=1':>7}{'N reloads':>11}  {'paused s':<22}{'x N=1':>7}  "
-          f"{'samples/s':<22}{'x N=1':>7}  calls share per server")  # fmt: skip
+    print(f"{'mode':<12}{'N':>3}  {'push s':<22}{'x N=1':>7}  {'staged s':<22}  {'paused s':<22}{'x N=1':>7}"
+          f"{'N in a row':>11}  {'samples/s':<22}{'x N=1':>7}  calls share per server")  # fmt: skip
     for mode in modes:
         base = results[(mode, 1)]
         base_push = statistics.median(r.push_s for r in base)
@@ -110,10 +114,10 @@ def main() -> None:
             rate = [r.samples_per_s for r in runs]
             shares = " ".join(f"{statistics.median(r.shares[i] for r in runs):.2f}" for i in range(n))
             print(
-                f"{mode:<12}{n:>3}  {spread(push):<22}{statistics.median(push) / base_push:>7.2f}"
-                f"{n * base_push:>11.3f}  {spread(pause):<22}"
-                f"{statistics.median(pause) / base_pause if base_pause else float('nan'):>7.2f}  "
-                f"{spread(rate):<22}{statistics.median(rate) / base_rate:>7.2f}  {shares}"
+                f"{mode:<12}{n:>3}  {spread(push):<22}{statistics.median(push) / base_push:>7.2f}  "
+                f"{spread([r.stage_s for r in runs]):<22}  {spread(pause):<22}"
+                f"{statistics.median(pause) / base_pause if base_pause else float('nan'):>7.2f}"
+                f"{n * base_pause:>11.3f}  {spread(rate):<22}{statistics.median(rate) / base_rate:>7.2f}  {shares}"
             )
     print("On 2 cores the servers share the cores with the actor: more servers add no throughput.")
 

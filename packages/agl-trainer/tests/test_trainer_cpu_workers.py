@@ -184,6 +184,17 @@ def test_saved_hf_weights_load_in_transformers_and_match_the_updated_actor(
     torch.testing.assert_close(hf_log_probs(saved, rollout_batch()), actor, atol=1e-4, rtol=1e-4)
 
 
+def test_the_probe_log_probs_are_the_actors_own_of_each_token_given_its_prefix(
+    policy: PolicyWorkers, tmp_path: Path
+) -> None:
+    probe = [5, 17, 3, 250, 42, 9]
+    held = hf_model(policy.save_hf_weights(tmp_path / "held"))  # the weights the actor holds now
+    with torch.no_grad():
+        logits = held(input_ids=torch.tensor([probe])).logits[0, :-1]
+    expected = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(probe[1:]).unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(torch.tensor(policy.probe_logprobs(probe)), expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def lora_policy(model_path: Path, ray_cluster: None) -> Iterator[PolicyWorkers]:
     lora = [

@@ -35,6 +35,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from agl_trainer.verl_glue.actor_worker import AglActorRefWorker
 from agl_trainer.verl_glue.cpu_platform import CpuActorRefWorker, CpuCriticWorker, enable_cpu_platform
+from agl_trainer.verl_glue.probe import probe_batch
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -178,6 +179,13 @@ class PolicyWorkers:
             "entropys": no_padding_2_padding(tu.get(output, "entropy"), batch_td).float(),
         }
         return DataProto.from_tensordict(tu.get_tensordict(result))
+
+    def probe_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """The actor's log-prob of each of ``token_ids[1:]`` given its prefix, as a vLLM server
+        answers ``prompt_logprobs`` for them; one log-prob micro-batch per rank, all rows alike."""
+        micro = self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu or 1
+        scored = self.compute_log_prob(probe_batch(token_ids, rows=micro * self.actor.world_size))
+        return [float(value) for value in scored.batch["old_log_probs"][0]]
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         """Reference log-probs of ``batch``'s responses: ``ref_log_prob``, (B, R)."""
