@@ -7,7 +7,6 @@ absent, failed under CI. Starting vLLM takes one to two minutes on 2 cores.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -24,6 +23,7 @@ import pytest
 from agl_rollout import AglClient, model_registrations
 from agl_testing.agents import model_request_data
 from agl_testing.requirements import tool_python
+from agl_testing.saving_actor import SavingActor, prompt_logprobs
 from agl_testing.vllm_child import BUSY_WAIT_DEFAULTS_PROBE
 from agl_trainer.local import (
     AglServer,
@@ -39,6 +39,7 @@ from agl_trainer.local import (
     vllm_env,
 )
 from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
+from agl_trainer.serving.probe import PROBE_IDS
 from agl_trainer.serving.vllm_client import VllmClient
 from agl_trainer.serving.weights import ExternalVllmPush
 from agl_types import ModelRegistration, RolloutCreate
@@ -104,17 +105,6 @@ def _run_rollouts(stack: Stack, n: int) -> list[str]:
     return ids
 
 
-def _hf_prompt_logprobs(model_path: Path, token_ids: list[int]) -> list[float]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    ids = torch.tensor([token_ids])
-    with torch.no_grad():
-        logprobs = model(ids).logits.log_softmax(-1)[0, :-1]
-    return logprobs.gather(-1, ids[0, 1:, None])[:, 0].tolist()
-
-
 def test_agent_turns_through_gateway_continue_each_others_prefix(stack: Stack) -> None:
     ids = _run_rollouts(stack, 2)
     for rollout_id in ids:
@@ -136,7 +126,7 @@ def test_push_weights_serves_exactly_the_new_weights(stack: Stack) -> None:
     _serve(stack, 0)
     probe = stack.task.encode(_PROBE_TEXT)
     before = stack.client.prompt_logprobs(probe)
-    expected = _hf_prompt_logprobs(stack.weights[1], probe)
+    expected = list(prompt_logprobs(stack.weights[1], tuple(probe)))
     after = stack.client.push_weights(stack.weights[1], probe, expected_logprobs=expected, atol=1e-4)
     assert after != before
     assert max(abs(a - e) for a, e in zip(after, expected, strict=True)) <= 1e-4
@@ -152,63 +142,77 @@ def test_push_of_weights_already_served_is_reported(stack: Stack) -> None:
 def test_push_of_other_weights_than_expected_is_reported(stack: Stack) -> None:
     _serve(stack, 1)
     probe = stack.task.encode(_PROBE_TEXT)
-    wrong = _hf_prompt_logprobs(stack.weights[1], probe)
+    wrong = list(prompt_logprobs(stack.weights[1], tuple(probe)))
     with pytest.raises(WeightPushError, match="differ from the expected ones"):
         stack.client.push_weights(stack.weights[0], probe, expected_logprobs=wrong)
 
 
-class SavingWorkers:
-    """An actor whose ``save_hf_weights`` writes the weights of ``source``."""
-
-    def __init__(self, source: Path) -> None:
-        self.source = source
-
-    def save_hf_weights(self, path: Path) -> Path:
-        return Path(shutil.copytree(self.source, path))
-
-
-def _pusher(stack: Stack, weights_dir: Path, initial_seed: int) -> tuple[ExternalVllmPush, Any]:
-    """A pusher to the stack's vLLM that believes it starts from ``weights[initial_seed]``, and an
-    actor that saves ``weights[1]`` (what the tests make vLLM serve)."""
-    pusher = ExternalVllmPush(
+def _pusher(stack: Stack, weights_dir: Path, *, model_folder: bool = True) -> ExternalVllmPush:
+    """A pusher to the stack's vLLM for a run started from ``weights[0]``, given as a folder or (not
+    ``model_folder``) as a hub id, whose weights the trainer cannot read."""
+    return ExternalVllmPush(
         [stack.vllm.openai_url],
         stack.vllm.served_model_name,
         weights_dir,
-        initial_weights=stack.weights[initial_seed],
+        initial_weights=stack.weights[0] if model_folder else None,
     )
-    return pusher, cast(Any, SavingWorkers(stack.weights[1]))
 
 
-def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(stack: Stack, tmp_path: Path) -> None:
-    _serve(stack, 1)
-    pusher, unchanged_actor = _pusher(
-        stack, tmp_path / "weights", initial_seed=1
-    )  # its update changed nothing
-    pusher.push(unchanged_actor, 0)  # the run's start, as the trainer publishes it
+def _served_probe(stack: Stack) -> list[float]:
+    return stack.client.prompt_logprobs(PROBE_IDS)
+
+
+@pytest.mark.parametrize("model_folder", [True, False], ids=["model-folder", "hub-id"])
+def test_pushing_weights_identical_to_the_served_ones_is_not_an_error(
+    stack: Stack, tmp_path: Path, model_folder: bool
+) -> None:
+    _serve(stack, 0)
+    pusher = _pusher(stack, tmp_path / "weights", model_folder=model_folder)
+    unchanged_actor = cast(Any, SavingActor(stack.weights[0]))  # its update changed nothing (optim.lr=0)
+    assert pusher.push(unchanged_actor, 0) == {"training/weight_version": 0.0}  # the run's start
     metrics = pusher.push(unchanged_actor, 1)
     assert metrics == {"training/weight_version": 1.0, "training/weight_push_identical": 1.0}
     assert pusher.served_version == 1
 
 
-def test_a_resumed_runs_first_push_of_the_weights_a_dead_run_left_served_is_not_an_error(
+def test_a_fresh_run_against_servers_an_earlier_run_updated_pushes_its_weights_before_the_first_rollout(
+    stack: Stack, tmp_path: Path
+) -> None:
+    _serve(stack, 1)  # what an earlier run left the server serving
+    pusher = _pusher(stack, tmp_path / "weights")
+    actor = cast(Any, SavingActor(stack.weights[0]))  # the model the new run starts from
+    pusher.stage(actor, 0)
+    assert pusher.push(actor, 0) == {"training/weight_version": 0.0}
+    served = _served_probe(stack)
+    expected = prompt_logprobs(stack.weights[0], PROBE_IDS)
+    assert max(abs(a - b) for a, b in zip(served, expected, strict=True)) <= 1e-4
+    assert pusher.served_version == 0
+    assert pusher.served_logprobs == served
+
+
+def test_a_resumed_runs_first_push_of_the_weights_a_dead_run_left_served_reloads_nothing(
     stack: Stack, tmp_path: Path
 ) -> None:
     _serve(stack, 1)  # what the run that died pushed last: the checkpoint's weights
-    # The resumed run's pusher knows only the model it started from (seed 0), not what vLLM serves;
-    # its actor saves the checkpoint's weights.
-    pusher, resumed_actor = _pusher(stack, tmp_path / "weights", initial_seed=0)
+    pusher = _pusher(stack, tmp_path / "weights")  # it knows only the model the run started from
+    resumed_actor = cast(Any, SavingActor(stack.weights[1]))
     first = pusher.push(resumed_actor, 3)
-    again = pusher.push(resumed_actor, 4)  # now known: compared with the served folder
-    assert first == {"training/weight_version": 3.0, "training/weight_push_unverified": 1.0}
+    assert not (tmp_path / "weights" / "step_3").exists()  # nothing saved, nothing reloaded
+    again = pusher.push(resumed_actor, 4)
+    assert first == {"training/weight_version": 3.0}
     assert again == {"training/weight_version": 4.0, "training/weight_push_identical": 1.0}
 
 
-def test_an_unchanged_probe_after_a_fresh_runs_start_is_still_an_error(stack: Stack, tmp_path: Path) -> None:
-    _serve(stack, 1)  # the server does not serve the weights the pusher believes it starts from
-    pusher, actor = _pusher(stack, tmp_path / "weights", initial_seed=0)
-    assert pusher.push(actor, 0) == {"training/weight_version": 0.0}  # the run's start
-    with pytest.raises(UnchangedWeightsError, match="unchanged after reloading"):
-        pusher.push(actor, 1)
+def test_a_reload_that_leaves_the_probe_unchanged_while_the_actor_moved_is_an_error(
+    stack: Stack, tmp_path: Path
+) -> None:
+    _serve(stack, 0)
+    pusher = _pusher(stack, tmp_path / "weights")
+    pusher.push(cast(Any, SavingActor(stack.weights[0])), 0)
+    moved_but_saves_the_old = cast(Any, SavingActor(stack.weights[0], holds=stack.weights[1]))
+    with pytest.raises(UnchangedWeightsError, match=r"unchanged after reloading .* though the actor's moved"):
+        pusher.push(moved_but_saves_the_old, 1)
+    assert pusher.served_version == 0
 
 
 def test_registered_weight_version_reaches_model_request_events(stack: Stack) -> None:

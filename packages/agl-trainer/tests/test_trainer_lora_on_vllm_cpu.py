@@ -203,6 +203,32 @@ def test_an_old_adapter_stays_loaded_while_a_call_uses_it_and_is_unloaded_once_n
     assert metrics["training/lora_adapters_loaded"] == 2
 
 
+def test_a_resumed_runs_first_push_leaves_a_dead_runs_adapter_loaded_while_a_call_uses_it(
+    vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
+) -> None:
+    dead = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "dead")
+    dead.push(actor, 0)
+    dead.push(actor, 1)
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
+    server = urlsplit(vllm.url)
+    path = f"{urlsplit(_adapter_url(vllm, 1)).path}/v1/completions"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {server.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    resumed = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "resumed")
+    with socket.create_connection((server.hostname, server.port), timeout=60) as call:
+        call.sendall(head.encode() + body[:5])  # the dead run's agent, mid-call on version 1
+        _wait_in_flight(vllm, adapter_name(SERVED, 1))
+        resumed.push(actor, 2)
+        assert _loaded(vllm) == [adapter_name(SERVED, 1), adapter_name(SERVED, 2)]
+        call.sendall(body[5:])
+        answer = b"".join(iter(lambda: call.recv(65536), b""))
+    assert answer.startswith(b"HTTP/1.1 200")
+    resumed.push(actor, 3)
+    assert _loaded(vllm) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
+
+
 def test_catch_up_brings_a_server_that_lost_its_adapters_back_to_the_served_one(
     vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
 ) -> None:

@@ -19,11 +19,13 @@ import httpx
 import pytest
 
 from agl_testing.requirements import tool_python
+from agl_testing.saving_actor import SavingActor
 from agl_trainer.local import VllmServer, start_vllm, tiny_model, vllm_cpu_spec
 from agl_trainer.local.processes import free_port
 from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.probe import PROBE_IDS
 from agl_trainer.serving.vllm_client import VllmClient
-from agl_trainer.serving.weights import PROBE_IDS, ExternalVllmPush
+from agl_trainer.serving.weights import ExternalVllmPush
 
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -79,16 +81,6 @@ def fresh(servers: Servers) -> Servers:
     return servers
 
 
-class SavingWorkers:
-    """An actor whose ``save_hf_weights`` writes the weights of ``source``."""
-
-    def __init__(self, source: Path) -> None:
-        self.source = source
-
-    def save_hf_weights(self, path: Path) -> Path:
-        return Path(shutil.copytree(self.source, path))
-
-
 def _staging(server: VllmServer) -> dict[str, Any]:
     reply = httpx.get(f"{server.url}/agl/weights", timeout=30)
     reply.raise_for_status()
@@ -111,7 +103,7 @@ def test_a_push_reaches_both_servers_from_staging_folders_the_trainer_never_sees
 ) -> None:
     weights_dir = tmp_path / "weights"
     pusher = _pusher(fresh, weights_dir)
-    actor = cast(Any, SavingWorkers(fresh.weights[1]))
+    actor = cast(Any, SavingActor(fresh.weights[1]))
     before = [_probe(server) for server in fresh.vllm]
     pusher.stage(actor, 1)
     staged = [_staging(server) for server in fresh.vllm]
@@ -138,7 +130,7 @@ def test_a_push_that_fails_on_one_server_names_it_alone_and_the_other_serves_the
     pusher = _pusher(fresh, tmp_path / "weights", endpoints=[live.openai_url, stopped])
     before = _probe(live)
     with pytest.raises(WeightPushError, match=r"weights version 1 .* did not reach 1 of 2") as caught:
-        pusher.push(cast(Any, SavingWorkers(fresh.weights[1])), 1)
+        pusher.push(cast(Any, SavingActor(fresh.weights[1])), 1)
     assert list(caught.value.failures) == [stopped]
     assert caught.value.failures[stopped].startswith("ConnectError: ")
     assert _probe(live) != before
@@ -150,7 +142,7 @@ def test_catch_up_brings_a_fresh_server_to_the_served_version_and_checks_its_pro
 ) -> None:
     first, second = fresh.vllm
     pusher = _pusher(fresh, tmp_path / "weights", endpoints=[first.openai_url])
-    pusher.push(cast(Any, SavingWorkers(fresh.weights[1])), 1)
+    pusher.push(cast(Any, SavingActor(fresh.weights[1])), 1)
     # The second server is the fresh one: the run's start served, nothing staged.
     assert _probe(second) != _probe(first)
     pusher.catch_up(second.openai_url)
@@ -163,7 +155,7 @@ def test_catch_up_from_a_copy_that_is_not_the_served_version_is_refused_naming_t
 ) -> None:
     first, second = fresh.vllm
     pusher = _pusher(fresh, tmp_path / "weights", endpoints=[first.openai_url])
-    pusher.push(cast(Any, SavingWorkers(fresh.weights[1])), 1)
+    pusher.push(cast(Any, SavingActor(fresh.weights[1])), 1)
     served = tmp_path / "weights" / "step_1" / "model.safetensors"
     served.unlink()
     shutil.copy(fresh.weights[0] / "model.safetensors", served)  # the trainer's copy went wrong
@@ -185,8 +177,8 @@ def test_the_shared_folder_transfer_reloads_from_the_trainers_folder_and_stages_
         transfer="shared_folder",
     )
     before = _probe(fresh.vllm[0])
-    pusher.stage(cast(Any, SavingWorkers(fresh.weights[1])), 1)
-    pusher.push(cast(Any, SavingWorkers(fresh.weights[1])), 1)
+    pusher.stage(cast(Any, SavingActor(fresh.weights[1])), 1)
+    pusher.push(cast(Any, SavingActor(fresh.weights[1])), 1)
     assert [_staging(server)["staged"] for server in fresh.vllm] == [[], []]
     assert _probe(fresh.vllm[0]) == _probe(fresh.vllm[1]) != before
 

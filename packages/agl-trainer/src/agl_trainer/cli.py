@@ -259,7 +259,8 @@ def configure_logging(stream: TextIO | None = None) -> logging.Handler:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run what the command line asks for. A configuration error (also one of verl's checks failing
-    in a Ray worker, or agl's state lying in another step's checkpoint) is one line and exit code 2, a
+    in a Ray worker, agl's state lying in another step's checkpoint, or a server agl cannot train
+    with) is one line and exit code 2, a
     process of the embedded default that failed, or ``agentlightning.max_empty_steps`` steps that
     trained nothing, one line and exit code 1, Ctrl-C one line and 130 (heard however the command was
     started: :mod:`agl_trainer.interrupts`); any other error is a bug and keeps its traceback."""
@@ -282,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _run(args: CliArgs) -> None:
-    from agl_trainer.errors import CheckpointStateMismatch, TooManyEmptySteps
+    from agl_trainer.errors import CheckpointStateMismatch, ServerSetupError, TooManyEmptySteps
     from agl_trainer.local.errors import AgentImportError, LocalStackError
     from agl_trainer.serving.fleet import NoServerLeftError
 
@@ -311,7 +312,7 @@ def _run(args: CliArgs) -> None:
             )
             if not run.totals.samples_trained:
                 raise SystemExit(1)
-    except (AgentImportError, CheckpointStateMismatch) as error:
+    except (AgentImportError, CheckpointStateMismatch, ServerSetupError) as error:
         raise SystemExit(_fail(f"agl-trainer: {error}", 2)) from None
     except (TooManyEmptySteps, NoServerLeftError) as error:
         raise SystemExit(_fail(f"agl-trainer: stopped: {error}", 1)) from None

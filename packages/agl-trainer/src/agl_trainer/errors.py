@@ -10,4 +10,8 @@ class CheckpointStateMismatch(ValueError):
     """agl's state in a checkpoint folder belongs to another step than the checkpoint's."""
 
 
-__all__ = ("CheckpointStateMismatch", "TooManyEmptySteps")
+class ServerSetupError(ValueError):
+    """An inference server is set up in a way agl cannot train with (e.g. LoRA on several API servers)."""
+
+
+__all__ = ("CheckpointStateMismatch", "ServerSetupError", "TooManyEmptySteps")

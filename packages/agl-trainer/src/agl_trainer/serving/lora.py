@@ -11,7 +11,9 @@ the new adapter and makes it current, so the registrations never change and the 
 paused. Calls already running finish on the adapter they started with. vLLM answers each call
 under the adapter's name, which is how its version is recorded (agl-rollout's
 ``served_adapter_prefix``). An adapter older than the last two is unloaded at the first push that
-finds no call using it (the middleware counts them).
+finds no call using it (the middleware counts them), and so is one an earlier run left loaded
+(the first push unloads those no call uses at once). The middleware's state lives in one API-server
+process, so a server with several (``--api-server-count`` ≥ 2) is refused at the first push.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from pathlib import Path
 import httpx
 
 from agl_trainer.serving.errors import WeightPushError
+from agl_trainer.serving.probe import PROBE_IDS, check_probe
 from agl_trainer.serving.transfer import Transfer, on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
-from agl_trainer.serving.weights import PROBE_IDS, Staged, check_probe
+from agl_trainer.serving.weights import Staged
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
 logger = logging.getLogger(__name__)
@@ -76,6 +79,8 @@ class ExternalLoraPush:
         self.served_logprobs: list[float] | None = None
         """The probe's log-probs under the served adapter, as a server answered them at its push."""
         self._loaded: list[int] = []
+        self._left_loaded: set[tuple[str, str]] = set()
+        """(endpoint, adapter) an earlier run left loaded that a call still used at the first push."""
         self._staged: Staged | None = None
 
     def release(self) -> None:
@@ -171,16 +176,21 @@ class ExternalLoraPush:
 
     def _serve(self, endpoint: str, name: str, path: str, *, clean: bool) -> list[float]:
         """Load the adapter at ``path`` on ``endpoint``'s server as ``name`` and make it current (with
-        ``clean``, first check the middleware and then unload the run's other adapters there); the
-        probe's log-probs under it."""
+        ``clean``, first check the middleware and its one API server, then unload the run's other
+        adapters there that no call uses); the probe's log-probs under it."""
         with VllmClient(server_root(endpoint), self.model) as client:
             if clean:
-                client.adapter_calls_in_flight()  # the middleware is there
+                client.require_one_api_server()
             client.load_lora_adapter(name, Path(path))
             client.make_adapter_current(name)
             if clean:
+                busy = {other for other, n in client.adapter_calls_in_flight().items() if n > 0}
                 for other in client.lora_adapters():
-                    if other != name and other.startswith(_adapter_prefix(self.model)):
+                    if other == name or not other.startswith(_adapter_prefix(self.model)):
+                        continue
+                    if other in busy:  # a dead run's agent still calling it: a later push unloads it
+                        self._left_loaded.add((endpoint, other))
+                    else:
                         client.unload_lora_adapter(other)
         with VllmClient(server_root(endpoint), name) as adapter:
             return adapter.prompt_logprobs(PROBE_IDS)
@@ -188,27 +198,35 @@ class ExternalLoraPush:
     def _unload_unused(self) -> None:
         """Unload, on every server, each adapter older than the last :data:`ADAPTERS_KEPT` whose URL
         answers no call on any server, and remove its folders, the trainer's and the servers' staged
-        copies (vLLM may reread a loaded one's)."""
+        copies (vLLM may reread a loaded one's); and each adapter an earlier run left loaded that no
+        call uses any more."""
         old = self._loaded[:-ADAPTERS_KEPT]
-        if not old:
+        if not old and not self._left_loaded:
             return
-        clients = [VllmClient(server_root(endpoint), self.model) for endpoint in self.endpoints]
+        clients = {endpoint: VllmClient(server_root(endpoint), self.model) for endpoint in self.endpoints}
         try:
             busy = {
-                name for client in clients for name, n in client.adapter_calls_in_flight().items() if n > 0
+                name
+                for client in clients.values()
+                for name, n in client.adapter_calls_in_flight().items()
+                if n > 0
             }
             for version in old:
                 name = adapter_name(self.model, version)
                 if name in busy:
                     continue
-                for client in clients:
+                for client in clients.values():
                     client.unload_lora_adapter(name)
                     if self.transfer == "upload":
                         client.unstage(f"adapter_{version}")
                 shutil.rmtree(self.weights_dir / f"adapter_{version}", ignore_errors=True)
                 self._loaded.remove(version)
+            for endpoint, name in sorted(self._left_loaded):
+                if name not in busy and endpoint in clients:
+                    clients[endpoint].unload_lora_adapter(name)
+                    self._left_loaded.discard((endpoint, name))
         finally:
-            for client in clients:
+            for client in clients.values():
                 client.close()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from agl_trainer.errors import ServerSetupError
 from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
 
 _TRANSFER_KEY = "agentlightning.external_servers.transfer"
@@ -108,6 +109,19 @@ class VllmClient:
 
     def adapter_calls_in_flight(self) -> dict[str, int]:
         """The calls each adapter's URL is answering now, as the ``agl_adapter_route`` middleware counts."""
+        return {str(name): int(count) for name, count in self._adapter_listing()["calls_in_flight"].items()}
+
+    def require_one_api_server(self) -> None:
+        """Raise :class:`~agl_trainer.errors.ServerSetupError` when the server runs several API-server
+        processes: each would hold its own current adapter and call counts."""
+        process = str(self._adapter_listing().get("api_server", ""))
+        if process.startswith("ApiServer_"):
+            raise ServerSetupError(
+                f"{self.url} runs several vLLM API servers ({process} answered), each with its own "
+                "current LoRA adapter: start it with --api-server-count 1 to train LoRA adapters"
+            )
+
+    def _adapter_listing(self) -> dict[str, Any]:
         response = self._http.get("/agl/adapters")
         if response.status_code == 404:
             raise WeightPushError(
@@ -115,7 +129,7 @@ class VllmClient:
                 "(its folder, agl_trainer.local.services.VLLM_CHILD_PATH, on PYTHONPATH) to serve LoRA adapters"
             )
         response.raise_for_status()
-        return {str(name): int(count) for name, count in response.json()["calls_in_flight"].items()}
+        return response.json()
 
     def stage_folder(self, name: str, folder: Path, *, keep: Sequence[str] = ()) -> str:
         """Upload every file of ``folder`` into the server's own staging folder as ``name``

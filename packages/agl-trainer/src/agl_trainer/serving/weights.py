@@ -9,22 +9,19 @@ Path 1 (verl's own replicas) implements the same protocol in :mod:`agl_trainer.s
 
 from __future__ import annotations
 
-import math
+import logging
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import httpx
-import torch
-
-from agl_trainer.serving.transfer import Transfer, on_each, one_line, place, push_failed
+from agl_trainer.serving.probe import PROBE_IDS, actor_probe, check_probe, distance, within
+from agl_trainer.serving.transfer import Transfer, on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
 
-PROBE_IDS = tuple(range(1, 9))
-"""The token ids whose prompt log-probs tell which weights a server serves."""
+logger = logging.getLogger(__name__)
 
 
 class WeightPusher(Protocol):
@@ -96,6 +93,8 @@ class Staged:
     version: int
     folder: Path
     paths: dict[str, str] = field(default_factory=dict[str, str])
+    actor_logprobs: list[float] | None = None
+    """The actor's probe log-probs at ``version`` (None where it could not score the probe)."""
 
 
 class ExternalVllmPush(ReplacesServedWeights):
@@ -106,13 +105,14 @@ class ExternalVllmPush(ReplacesServedWeights):
     into each server's own staging folder, or read from ``weights_dir`` itself (``shared_folder``).
     ``endpoints`` may be reassigned between publishes (the live servers).
 
-    Only the newest folder is kept: once a server has reloaded, older ones are removed. The
-    servers start with ``initial_weights`` (version 0); pushing the version they serve is a no-op.
-    A reload that leaves the probe's log-probs unchanged is accepted when the new folder's tensors
-    equal the served folder's (an update that changed nothing, e.g. zero advantages everywhere);
-    otherwise it is an error. A first push of a version other than 0 is a resumed run's: the
-    servers may serve what the run that died pushed, often these very weights, so an unchanged
-    probe is accepted there unchecked (``training/weight_push_unverified``); the next push checks.
+    Nothing is assumed of what the servers serve at the run's start: the first publish compares
+    each server's probe log-probs with the actor's own and pushes the weights when any differs by
+    more than ``PROBE_ATOL`` (servers an earlier run updated, a resumed run's servers). Only the
+    newest folder is kept: once a server has reloaded, older ones are removed. A reload that leaves
+    the probe unchanged is accepted when the actor's own probe did not move either (an update that
+    changed nothing, e.g. ``optim.lr=0``; ``training/weight_push_identical``) and, at the start, when
+    the servers answered within their precision of the actor (``training/weight_push_unverified``);
+    otherwise it is an error.
     """
 
     def __init__(
@@ -128,19 +128,22 @@ class ExternalVllmPush(ReplacesServedWeights):
         self.model = model
         self.weights_dir = Path(weights_dir)
         self.transfer: Transfer = transfer
-        self.served_version = 0
+        self.served_version: int | None = None
+        """The version every live server serves; None until the first publish has checked them."""
         self.served_weights = initial_weights
         self.served_logprobs: list[float] | None = None
-        """The probe's log-probs at the served version, as a server answered them at its push."""
+        """The probe's log-probs at the served version, as a server answered them."""
+        self.actor_logprobs: list[float] | None = None
+        """The actor's own probe log-probs at the served version."""
         self._staged: Staged | None = None
-        self._pushed = False
+        self._checked = False
 
     def release(self) -> None:
         return None  # the servers run on their own devices
 
     def stage(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """Save ``version``'s weights and get them to every server; nothing is reloaded yet."""
-        if version == self.served_version:
+        if self._already_served(workers, version):
             return {}
         staged, failures = self._stage_on(workers, version, self.endpoints)
         if failures:
@@ -149,8 +152,8 @@ class ExternalVllmPush(ReplacesServedWeights):
 
     def push(self, workers: PolicyWorkers, version: int) -> dict[str, float]:
         """Reload ``version`` on every server at once (staging it first where :meth:`stage` did not)."""
-        resumed, self._pushed = not self._pushed and version != self.served_version, True
-        if version == self.served_version:
+        start = self.served_version is None
+        if self._already_served(workers, version):
             return {"training/weight_version": float(version)}
         staged, failures = self._stage_on(workers, version, self.endpoints)
         reloaded, reload_failures = on_each(
@@ -158,26 +161,18 @@ class ExternalVllmPush(ReplacesServedWeights):
             lambda endpoint: self._reload(endpoint, staged.paths[endpoint]),
         )
         failures.update(reload_failures)
+        actor = staged.actor_logprobs
         unchanged = [endpoint for endpoint, (_, moved) in reloaded.items() if not moved]
-        identical = unverified = False
-        if unchanged and resumed:  # what the servers held is unknown: a dead run's push of these weights, say
-            unverified = True
-        elif unchanged:
-            identical = self.served_weights is not None and same_tensors(staged.folder, self.served_weights)
-            if not identical:
-                for endpoint in unchanged:
-                    del reloaded[endpoint]
-                    failures[endpoint] = (
-                        f"served log-probs of the probe are unchanged after reloading {staged.paths[endpoint]}; "
-                        "the folder holds the weights vLLM already had, or the reload was ignored"
-                    )
+        identical = bool(unchanged) and not start and actor is not None and within(actor, self.actor_logprobs)
+        if unchanged and not (start or identical):
+            for endpoint in unchanged:
+                del reloaded[endpoint]
+                failures[endpoint] = (
+                    f"served log-probs of the probe are unchanged after reloading {staged.paths[endpoint]} "
+                    "though the actor's moved; the reload was ignored, or the folder holds other weights"
+                )
         if reloaded:
-            self.served_version, self.served_weights = version, staged.folder
-            self.served_logprobs = next(iter(reloaded.values()))[0]
-            self._staged = None
-            for old in self.weights_dir.glob("step_*"):
-                if old != staged.folder:
-                    shutil.rmtree(old, ignore_errors=True)
+            self._served(version, staged.folder, next(iter(reloaded.values()))[0], actor)
         if failures:
             only_unchanged = set(failures) <= set(unchanged)
             raise push_failed(
@@ -189,14 +184,46 @@ class ExternalVllmPush(ReplacesServedWeights):
         metrics = {"training/weight_version": float(version)}
         if identical:
             metrics["training/weight_push_identical"] = 1.0
-        if unverified:
+        if unchanged and start:
             metrics["training/weight_push_unverified"] = 1.0
         return metrics
+
+    def _already_served(self, workers: PolicyWorkers, version: int) -> bool:
+        """Whether every server serves ``version``; at the run's first publish, found out by comparing
+        each server's probe log-probs with the actor's (when one differs, all get the weights)."""
+        if not self._checked:
+            actor = actor_probe(workers)
+            served, unreachable = on_each(self.endpoints, self._probe)  # the push names those
+            self._checked = True
+            differing = {e: probe for e, probe in served.items() if actor is None or not within(probe, actor)}
+            if actor is not None and not differing and not unreachable:  # at version 0: the run's model
+                start = self.served_weights if version == 0 else None
+                self._served(version, start, next(iter(served.values())), actor)
+            elif actor is not None and differing:
+                logger.warning(
+                    "weights version %d: %s serve other weights than the actor's (probe log-probs differ "
+                    "by up to %s); pushing them before the first rollout",
+                    version,
+                    ", ".join(differing),
+                    ", ".join(f"{distance(probe, actor):.3g}" for probe in differing.values()),
+                )
+        return version == self.served_version
+
+    def _served(
+        self, version: int, folder: Path | None, logprobs: list[float], actor: list[float] | None
+    ) -> None:
+        self.served_version, self.served_weights = version, folder
+        self.served_logprobs, self.actor_logprobs = logprobs, actor
+        self._staged = None
+        for old in self.weights_dir.glob("step_*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
 
     def catch_up(self, endpoint: str) -> None:
         """Bring ``endpoint``'s server (one that restarted) to the served version from the trainer's
         copy of it, and check its probe log-probs against the served version's."""
-        reference = self.served_logprobs or self._live_logprobs(exclude=endpoint)
+        if self.served_version is None:
+            return  # nothing served yet: the run's first publish checks every server
         what = f"weights version {self.served_version}"
         if self.served_weights is not None:
             step = f"step_{self.served_version}"  # the run's start: the model's own folder, of any name
@@ -205,7 +232,7 @@ class ExternalVllmPush(ReplacesServedWeights):
                 _, failures = on_each([endpoint], lambda e: self._reload(e, paths[e]))
             if failures:
                 raise push_failed(f"{what} ({self.served_weights})", 1, failures)
-        check_probe(endpoint, self.model, what, reference)
+        check_probe(endpoint, self.model, what, self.served_logprobs)
 
     def _stage_on(
         self, workers: PolicyWorkers, version: int, endpoints: Sequence[str]
@@ -216,12 +243,16 @@ class ExternalVllmPush(ReplacesServedWeights):
             folder = self.weights_dir / f"step_{version}"
             shutil.rmtree(folder, ignore_errors=True)
             workers.save_hf_weights(folder)
-            staged = self._staged = Staged(version, folder)
+            staged = self._staged = Staged(version, folder, actor_logprobs=actor_probe(workers))
         missing = [endpoint for endpoint in endpoints if endpoint not in staged.paths]
         keep = [f"step_{self.served_version}"]  # a server whose reload fails still serves it
         paths, failures = place(self.transfer, missing, self.model, staged.folder, keep=keep)
         staged.paths.update(paths)
         return staged, failures
+
+    def _probe(self, endpoint: str) -> list[float]:
+        with VllmClient(server_root(endpoint), self.model) as client:
+            return client.prompt_logprobs(PROBE_IDS)
 
     def _reload(self, endpoint: str, path: str) -> tuple[list[float], bool]:
         """Reload ``path`` on ``endpoint``'s server: the probe's log-probs after, and whether they moved."""
@@ -231,64 +262,11 @@ class ExternalVllmPush(ReplacesServedWeights):
             after = client.prompt_logprobs(PROBE_IDS)
         return after, after != before
 
-    def _live_logprobs(self, *, exclude: str) -> list[float] | None:
-        """The probe's log-probs as the first other server that answers serves them; None if none does."""
-        for endpoint in self.endpoints:
-            if endpoint == exclude:
-                continue
-            try:
-                with VllmClient(server_root(endpoint), self.model) as client:
-                    return client.prompt_logprobs(PROBE_IDS)
-            except httpx.HTTPError:
-                continue
-        return None
-
-
-def check_probe(
-    endpoint: str, model: str, what: str, reference: Sequence[float] | None, *, atol: float = 1e-3
-) -> None:
-    """Raise unless ``endpoint`` answers the probe (as ``model``) with ``reference``'s log-probs
-    within ``atol``. No reference (nothing pushed yet, no other server to ask): the server reloaded
-    the run's start, which is all there is to check against."""
-    try:
-        with VllmClient(server_root(endpoint), model) as client:
-            served = client.prompt_logprobs(PROBE_IDS)
-    except httpx.HTTPError as exc:
-        raise push_failed(what, 1, {endpoint: one_line(exc)}) from exc
-    if reference is None:
-        return
-    worst = max(abs(a - b) for a, b in zip(served, reference, strict=True))
-    if not math.isfinite(worst) or worst > atol:
-        raise push_failed(
-            what,
-            1,
-            {endpoint: f"its probe log-probs differ from the served version's by {worst:.3g} > atol={atol}"},
-        )
-
-
-def same_tensors(left: Path, right: Path) -> bool:
-    """Whether two Hugging Face folders hold the same tensors (names, shapes and values; dtypes
-    may differ, as vLLM casts on load)."""
-    from safetensors.torch import load_file
-
-    def tensors(folder: Path) -> dict[str, torch.Tensor]:
-        return {
-            name: t for file in sorted(folder.glob("*.safetensors")) for name, t in load_file(file).items()
-        }
-
-    a, b = tensors(left), tensors(right)
-    if not a or a.keys() != b.keys():
-        return False
-    return all(a[k].shape == b[k].shape and torch.equal(a[k].double(), b[k].double()) for k in a)
-
 
 __all__ = (
-    "PROBE_IDS",
     "ExternalVllmPush",
     "NoWeightPush",
     "ReplacesServedWeights",
     "Staged",
     "WeightPusher",
-    "check_probe",
-    "same_tensors",
 )

@@ -11,9 +11,11 @@ loaded while calls to the previous one finish. Requests outside the prefix pass 
 each new weight version without the gateway's registrations changing. vLLM answers a call under
 the adapter's name, which records which one served it.
 
-``GET /agl/adapters`` answers ``{"calls_in_flight": {<name>: <count>}}``, the calls each adapter's
-URL is answering now (adapters with none left out), so the trainer unloads an old adapter only
-once no call uses it.
+``GET /agl/adapters`` answers ``{"calls_in_flight": {<name>: <count>}, "api_server": <process name>}``:
+the calls each adapter's URL is answering now (adapters with none left out), so the trainer
+unloads an old adapter only once no call uses it, and the name of the process answering. That
+state lives in one API-server process: vLLM started with ``--api-server-count`` 2 or more runs its
+API servers as processes named ``ApiServer_<i>``, each with its own, which the trainer refuses.
 
 The same middleware serves ``/agl/weights`` (:mod:`agl_weight_staging`): weights uploaded into a
 folder on the server's own disk, for servers that share no folder with the trainer.
@@ -23,6 +25,7 @@ Runs in vLLM's environment, which has no agl package: standard library only. Sta
 """
 
 import json
+import multiprocessing
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -31,6 +34,8 @@ from agl_weight_staging import WeightStaging, read_body  # pyright: ignore[repor
 PREFIX = "/agl/adapters/"
 LISTING = PREFIX.rstrip("/")
 CURRENT = "current"
+API_SERVER = multiprocessing.current_process().name
+"""This process's name: ``MainProcess`` for vLLM's single API server, ``ApiServer_<i>`` for one of several."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -54,7 +59,8 @@ class AdapterRoute:
             await self.weights(scope, receive, send)
             return
         if scope["type"] == "http" and path.rstrip("/") == LISTING and scope.get("method") == "GET":
-            await _answer(send, 200, {"calls_in_flight": dict(self.calls_in_flight)})
+            listing = {"calls_in_flight": dict(self.calls_in_flight), "api_server": API_SERVER}
+            await _answer(send, 200, listing)
             return
         if scope["type"] != "http" or not path.startswith(PREFIX):
             await self.app(scope, receive, send)
