@@ -145,12 +145,12 @@ class ExternalLoraPush:
         """Bring ``endpoint``'s server (one that restarted) to the served adapter from the trainer's
         copy of it, made current there, and check its probe log-probs against the served version's."""
         if self.served_version is None:  # nothing pushed yet: the server needs only the middleware
-            with VllmClient(server_root(endpoint), self.model) as client:
-                client.adapter_calls_in_flight()
+            self._meet(endpoint)
             return
         version = self.served_version
         folder = self.weights_dir / f"adapter_{version}"
         what = f"the LoRA adapter of version {version} ({folder})"
+        self._meet(endpoint)
         paths, failures = place(self.transfer, [endpoint], self.model, folder)
         if not failures:
             _, failures = on_each(
@@ -163,37 +163,60 @@ class ExternalLoraPush:
     def _stage_on(
         self, workers: PolicyWorkers, version: int, endpoints: Sequence[str]
     ) -> tuple[Staged, dict[str, str]]:
-        """Save ``version``'s adapter (once) and place it on those of ``endpoints`` that lack it."""
+        """Save ``version``'s adapter (once) and place it on those of ``endpoints`` that lack it (on
+        a run's first push, after meeting each server: :meth:`_meet`)."""
         staged = self._staged
         if staged is None or staged.version != version:
             folder = workers.save_lora_adapter(self.weights_dir / f"adapter_{version}")
             staged = self._staged = Staged(version, folder)
         missing = [endpoint for endpoint in endpoints if endpoint not in staged.paths]
-        keep = [f"adapter_{loaded}" for loaded in self._loaded]  # vLLM may reread a loaded adapter's folder
-        paths, failures = place(self.transfer, missing, self.model, staged.folder, keep=keep)
+        failures: dict[str, str] = {}
+        if self.served_version is None:
+            _, failures = on_each(missing, self._meet)
+            missing = [endpoint for endpoint in missing if endpoint not in failures]
+        # vLLM may reread a loaded adapter's folder: the run's own, and those a call still uses.
+        keep = [f"adapter_{loaded}" for loaded in self._loaded]
+        keep += sorted({self._folder(name) for _, name in self._left_loaded})
+        paths, place_failures = place(self.transfer, missing, self.model, staged.folder, keep=keep)
         staged.paths.update(paths)
-        return staged, failures
+        return staged, {**failures, **place_failures}
+
+    def _meet(self, endpoint: str) -> None:
+        """A run's first contact with ``endpoint``'s server: refuse several API servers, and note the
+        adapters of this model an earlier run left loaded that calls still use."""
+        with VllmClient(server_root(endpoint), self.model) as client:
+            client.require_one_api_server()
+            for name, calls in client.adapter_calls_in_flight().items():
+                if calls > 0 and name.startswith(_adapter_prefix(self.model)):
+                    self._left_loaded.add((endpoint, name))
+
+    def _folder(self, name: str) -> str:
+        """The staged folder of the adapter loaded as ``name``."""
+        return f"adapter_{name.removeprefix(_adapter_prefix(self.model))}"
 
     def _serve(self, endpoint: str, name: str, path: str, *, clean: bool) -> list[float]:
         """Load the adapter at ``path`` on ``endpoint``'s server as ``name`` and make it current (with
-        ``clean``, first check the middleware and its one API server, then unload the run's other
-        adapters there that no call uses); the probe's log-probs under it."""
+        ``clean``, then unload the run's other adapters there that no call uses); the probe's
+        log-probs under it."""
         with VllmClient(server_root(endpoint), self.model) as client:
-            if clean:
-                client.require_one_api_server()
             client.load_lora_adapter(name, Path(path))
             client.make_adapter_current(name)
             if clean:
                 busy = {other for other, n in client.adapter_calls_in_flight().items() if n > 0}
                 for other in client.lora_adapters():
-                    if other == name or not other.startswith(_adapter_prefix(self.model)):
-                        continue
-                    if other in busy:  # a dead run's agent still calling it: a later push unloads it
-                        self._left_loaded.add((endpoint, other))
-                    else:
-                        client.unload_lora_adapter(other)
+                    if other != name and other.startswith(_adapter_prefix(self.model)) and other not in busy:
+                        self._unload_left(client, endpoint, other)
         with VllmClient(server_root(endpoint), name) as adapter:
             return adapter.prompt_logprobs(PROBE_IDS)
+
+    def _unload_left(self, client: VllmClient, endpoint: str, name: str) -> None:
+        """Unload ``name``, which an earlier run left on ``endpoint``'s server, and its staged folder
+        where it was kept for a call."""
+        client.unload_lora_adapter(name)
+        if (endpoint, name) in self._left_loaded:
+            if self.transfer == "upload":
+                client.unstage(self._folder(name))
+            self._left_loaded.discard((endpoint, name))
 
     def _unload_unused(self) -> None:
         """Unload, on every server, each adapter older than the last :data:`ADAPTERS_KEPT` whose URL
@@ -223,8 +246,7 @@ class ExternalLoraPush:
                 self._loaded.remove(version)
             for endpoint, name in sorted(self._left_loaded):
                 if name not in busy and endpoint in clients:
-                    clients[endpoint].unload_lora_adapter(name)
-                    self._left_loaded.discard((endpoint, name))
+                    self._unload_left(clients[endpoint], endpoint, name)
         finally:
             for client in clients.values():
                 client.close()
