@@ -18,6 +18,7 @@ from agl_rollout import AglClient, BatchTopUp
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess, once_it_holds_a_rollout
 from agl_trainer.assembly import compose_config
+from agl_trainer.serving.drain import Drain
 from agl_trainer.settings import parse_settings
 from agl_trainer.step.collection import Collection
 
@@ -87,7 +88,9 @@ def _collection(
         return iter([{"x": [0, 1]}, {"x": [2, 3]}, {"x": [4, 5]}, {"x": [6, 7]}])
 
     client = AglClient(settings.server.base_url, settings.server.key)
-    return Collection(client, settings.pipeline, top_up=BatchTopUp(epoch), drain=settings.server.drain)
+    return Collection(
+        client, settings.pipeline, top_up=BatchTopUp(epoch), drain=Drain.from_settings(settings.server.drain)
+    )
 
 
 def _hook_log(tmp_path: Path) -> list[str]:
