@@ -17,6 +17,7 @@ import pytest
 from agl_rollout import AglClient, BatchTopUp
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess, once_it_holds_a_rollout
+from agl_testing.collector import wait_polls
 from agl_trainer.assembly import compose_config
 from agl_trainer.serving.drain import Drain
 from agl_trainer.settings import parse_settings
@@ -175,7 +176,7 @@ def test_a_second_ctrl_c_during_the_stop_still_cancels_every_rollout_and_resumes
     collection = _collection(agl_server, tmp_path)
     collection.start(steps_done=0)  # no agent: its groups stay queued
     assert collection.collector is not None
-    collection.collector.wait_polls(2, timeout_s=30)
+    wait_polls(collection.collector, 2, timeout_s=30)
     assert len(agl_server.rollout_ids()) == 4
     manager = collection.collector.manager
     cancel_pending = manager.cancel_pending
