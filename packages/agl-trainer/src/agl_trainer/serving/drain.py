@@ -20,6 +20,7 @@ class Drain:
 
     @classmethod
     def from_settings(cls, settings: DrainSettings) -> Drain:
+        """The drain ``settings.server.drain`` configures."""
         return cls(settings.timeout_s, settings.poll_interval_s)
 
     def __call__(self, client: AglClient, reason: str, *, retry_after_seconds: int = 5) -> dict[str, float]:
