@@ -1,8 +1,9 @@
 """The one-way layering of the five packages, read from the imports of every module.
 
-types <- rollout, types <- adapter, algos (torch only) <- trainer. Any import outside a function
-body runs at import time (a top-level try/if/with or a class body too), except under
-``if TYPE_CHECKING``. A violation names the file and line of the offending import.
+types <- rollout, types <- adapter, algos (torch only) <- trainer; inside agl_trainer, settings
+below serving, step and the embedded default (agl_trainer.local), which no production module
+imports (the console script only on demand). Any import outside a function body runs at import
+time (a top-level try/if/with or a class body too), except under ``if TYPE_CHECKING``. A violation names the file and line of the offending import.
 """
 
 from __future__ import annotations
@@ -285,6 +286,90 @@ def test_circle_finder_names_the_modules_of_a_circle(tmp_path: Path) -> None:
     (package / "b.py").write_text("def f():\n    from agl_types import a\nB = 2\n")
     (package / "c.py").write_text("from agl_types.a import A\n")
     assert _circles(_module_graph(tmp_path)) == [["agl_types.a", "agl_types.b"]]
+
+
+@dataclass(frozen=True)
+class TrainerRule:
+    """Inside agl_trainer: no module in ``scope`` (each a module and those under it), save those in
+    ``exempt``, imports a module under ``banned``; anywhere, or only at import time when ``lazy_ok``."""
+
+    scope: tuple[str, ...]
+    banned: tuple[str, ...]
+    exempt: tuple[str, ...] = ()
+    lazy_ok: bool = False
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> str | None:
+    """The first of ``prefixes`` that is ``module`` or a package holding it."""
+    return next((p for p in prefixes if module == p or module.startswith(f"{p}.")), None)
+
+
+TRAINER_RULES = {
+    # Settings are plain values read from the config; whoever builds behaviour from them sits above.
+    "settings": TrainerRule(
+        ("agl_trainer.settings",), ("agl_trainer.serving", "agl_trainer.step", "agl_trainer.local")
+    ),
+    # The production run starts nothing local; only the embedded default (agl_trainer.local) does.
+    "production": TrainerRule(
+        ("agl_trainer",), ("agl_trainer.local",), exempt=("agl_trainer.local", "agl_trainer.cli")
+    ),
+    # The console script starts the embedded default, so it imports it, but on demand only.
+    "cli": TrainerRule(("agl_trainer.cli",), ("agl_trainer.local",), lazy_ok=True),
+}
+
+
+def _trainer_violations(rule: TrainerRule, root: Path = ROOT) -> list[str]:
+    """Every import statement of agl_trainer (under ``root/packages``) that breaks ``rule``, once per line."""
+    src = root / "packages" / "agl-trainer" / "src"
+    problems: dict[tuple[str, int], str] = {}
+    for path in sorted((src / "agl_trainer").rglob("*.py")):
+        module = _module_name(path, src)
+        if not _under(module, rule.scope) or _under(module, rule.exempt):
+            continue
+        for imp in _imports_of(path, src, str(path.relative_to(root))):
+            banned = _under(imp.module, rule.banned)
+            if banned and (imp.import_time or not rule.lazy_ok):
+                when = " at import time" if rule.lazy_ok else ""
+                problems.setdefault((imp.shown, imp.line), f"{imp}: {module} may not import {banned}{when}")
+    return list(problems.values())
+
+
+@pytest.mark.parametrize("name", TRAINER_RULES)
+def test_trainer_modules_respect_inner_layering(name: str) -> None:
+    assert _trainer_violations(TRAINER_RULES[name]) == []
+
+
+def test_inner_checker_bans_lazy_imports_unless_the_rule_allows_them(tmp_path: Path) -> None:
+    package = tmp_path / "packages" / "agl-trainer" / "src" / "agl_trainer"
+    (package / "settings").mkdir(parents=True)
+    (package / "settings" / "server.py").write_text(
+        "def build():\n    from agl_trainer.serving import drain\n"
+    )
+    (package / "cli.py").write_text(
+        "from agl_trainer.local.toy_task import ToolLatency\ndef run():\n    from agl_trainer.local import demo\n"
+    )
+    (package / "trainer.py").write_text("def run():\n    from agl_trainer import local\n")
+    found = {name: _trainer_violations(rule, tmp_path) for name, rule in TRAINER_RULES.items()}
+    src = "packages/agl-trainer/src/agl_trainer"
+    assert found == {
+        "settings": [
+            f"{src}/settings/server.py:2 imports agl_trainer.serving: agl_trainer.settings.server may not import agl_trainer.serving"
+        ],
+        "production": [
+            f"{src}/trainer.py:2 imports agl_trainer.local: agl_trainer.trainer may not import agl_trainer.local"
+        ],
+        "cli": [
+            f"{src}/cli.py:1 imports agl_trainer.local.toy_task: agl_trainer.cli may not import agl_trainer.local at import time"
+        ],
+    }
+
+
+def test_importing_the_cli_loads_nothing_of_the_embedded_default() -> None:
+    probe = "import agl_trainer.cli, sys; print(sorted(m for m in sys.modules if m.startswith('agl_trainer.local')))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]", f"importing agl_trainer.cli loaded {loaded}"
 
 
 CONFIG_READERS = ("agl_trainer.settings", "agl_trainer.assembly", "agl_trainer.local.demo")

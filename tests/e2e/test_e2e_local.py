@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from agl_rollout import AglClient
+from agl_testing.collector import wait_complete
 from agl_testing.requirements import missing_requirement
 from agl_testing.waiting import wait_until
 from agl_trainer.assembly import build_trainer, compose_config
@@ -575,7 +576,7 @@ class UpdateWatchingWorkers(RecordingWorkers):
         collector = self._trainer.collection.collector
         assert collector is not None
         try:
-            collector.wait_complete(self._groups, timeout_s=120)
+            wait_complete(collector, self._groups, timeout_s=120)
             self.completed_during_update.append(True)
         except TimeoutError:
             self.completed_during_update.append(False)

@@ -28,6 +28,7 @@ from agl_rollout import (
 )
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess, restart_once_it_holds_a_rollout
+from agl_testing.collector import wait_polls
 from agl_types import CompletedRollout, Event, Rollout, RolloutState
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(120)]  # a hang fails in minutes, not CI's 1200 s
@@ -118,7 +119,7 @@ def test_slow_groups_carry_over_whole_and_only_the_freed_places_are_refilled(
             assert samples.handed_out == [0, 1, 2, 3]
             x0_may_finish.set()
             collector.step_done()
-            collector.wait_polls(2, timeout_s=TAKE_TIMEOUT_S)  # a whole sweep since: its top-up ran
+            wait_polls(collector, 2, timeout_s=TAKE_TIMEOUT_S)  # a whole sweep since: its top-up ran
             step2 = _step(collector, done=False)
             assert samples.handed_out == [0, 1, 2, 3, 4, 5]  # step 1 freed two places, no more
             collector.step_done()

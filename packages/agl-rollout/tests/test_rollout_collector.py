@@ -31,6 +31,7 @@ from agl_rollout import (
 )
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, TEST_MODEL_NAME, AglServerProcess
+from agl_testing.collector import wait_complete, wait_polls
 from agl_testing.fake_upstream import HeldCompletions
 from agl_types import RolloutState
 
@@ -115,7 +116,7 @@ def test_groups_keep_completing_while_a_taken_step_trains(
         first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
         first_taken.set()
         # While the taken step trains (step_done not yet called) the other B groups complete.
-        collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, B, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == B
         assert samples.handed_out == [0, 1, 2, 3]  # and no more start: K * B are already held
         _publish(client, upstream, 1)
@@ -123,7 +124,7 @@ def test_groups_keep_completing_while_a_taken_step_trains(
         second = collector.take(trained_version=1, timeout_s=TAKE_TIMEOUT_S)
         # The gateway recorded their calls at version 0; they train against version 1: one version stale.
         assert second.metrics["training/async/staleness_max"] == 1.0
-        collector.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
+        wait_polls(collector, 1, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1, 2, 3, 4, 5]  # published: the next step's B may start
     assert _xs(first.groups) == [0, 1]
     assert _xs(second.groups) == [2, 3]
@@ -140,7 +141,7 @@ def test_bound_zero_starts_no_group_before_the_taken_step_is_published(
     ):
         _publish(client, upstream, 0)
         collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
-        collector.wait_polls(5, timeout_s=TAKE_TIMEOUT_S)
+        wait_polls(collector, 5, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1]
         assert _n_created(client) == 0
         _publish(client, upstream, 1)
@@ -163,10 +164,10 @@ def test_over_age_groups_are_dropped_and_counted(
         GroupCollector(_manager(client, max_groups=3), samples, StalenessGate(max_staleness=1)) as collector,
     ):
         _publish(client, upstream, 0)
-        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 1, timeout_s=TAKE_TIMEOUT_S)
         _publish(client, upstream, 3)
         v3_served.set()
-        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 3, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == 3
         taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
     assert _xs(taken.groups) == [1, 2]
@@ -203,10 +204,10 @@ def test_over_age_groups_are_requeued_as_fresh_groups_of_the_same_sample(
         ) as collector,
     ):
         _publish(client, upstream, 0)
-        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 1, timeout_s=TAKE_TIMEOUT_S)
         _publish(client, upstream, 3)
         v3_served.set()
-        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 3, timeout_s=TAKE_TIMEOUT_S)
         assert collector.n_complete == 3
         while 0 not in trained:
             taken = collector.take(trained_version=3, timeout_s=TAKE_TIMEOUT_S)
@@ -250,7 +251,7 @@ def test_resume_from_the_collectors_state_trains_every_group_exactly_once(
         ) as first:
             trained += _xs(first.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S).groups)
             first.step_done()
-            first.wait_polls(1, timeout_s=TAKE_TIMEOUT_S)
+            wait_polls(first, 1, timeout_s=TAKE_TIMEOUT_S)
             state = first.state
         first_stopped.set()
         carried = {r.input["x"] for g in state.groups for r in [*g.pending.values(), *g.completed]}
@@ -298,10 +299,10 @@ def test_groups_served_by_weights_newer_than_the_trained_ones_are_dropped_counte
         ) as collector,
     ):
         _publish(client, upstream, 5)
-        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 1, timeout_s=TAKE_TIMEOUT_S)
         _publish(client, upstream, 0)
         v0_served.set()
-        collector.wait_complete(3, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 3, timeout_s=TAKE_TIMEOUT_S)
         first = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
         collector.step_done()
         trained = _xs(first.groups)
@@ -338,7 +339,7 @@ def test_a_slow_hook_does_not_block_take(fresh_agl_server: AglServerProcess) -> 
             FakeAgents(fresh_agl_server.url, behaviour=behaviour),
             GroupCollector(manager, Samples(), StalenessGate(max_staleness=1)) as collector,
         ):
-            collector.wait_complete(B, timeout_s=TAKE_TIMEOUT_S)
+            wait_complete(collector, B, timeout_s=TAKE_TIMEOUT_S)
             later.set()
             assert in_hook.wait(TAKE_TIMEOUT_S)
             taken = collector.take(trained_version=0, timeout_s=TAKE_TIMEOUT_S)
@@ -362,7 +363,7 @@ def test_stop_with_cancel_leaves_no_rollout_queued_or_running(fresh_agl_server: 
                 _manager(client, max_groups=4), samples, StalenessGate(max_staleness=1)
             )
             collector.start()
-            collector.wait_polls(2, timeout_s=TAKE_TIMEOUT_S)
+            wait_polls(collector, 2, timeout_s=TAKE_TIMEOUT_S)
             cancelled = collector.stop(cancel=True)
             assert _n_created(client) == 0
             state = collector.state
@@ -380,7 +381,7 @@ def test_stop_with_cancel_after_the_server_died_ends_the_clean_up_with_one_warni
     with AglClient(fresh_agl_server.url, TEST_KEY) as client:
         collector = GroupCollector(_manager(client, max_groups=4), Samples(), StalenessGate(max_staleness=1))
         collector.start()
-        collector.wait_polls(2, timeout_s=TAKE_TIMEOUT_S)
+        wait_polls(collector, 2, timeout_s=TAKE_TIMEOUT_S)
         fresh_agl_server.stop()
         client.retry = RetryPolicy(max_attempts=1)
         with caplog.at_level(logging.WARNING, logger="agl_rollout"):
@@ -432,13 +433,13 @@ def test_groups_a_waiting_take_has_kept_still_count_against_admission(
         FakeAgents(fresh_agl_server.url, behaviour=behaviour),
         GroupCollector(_manager(client), samples, StalenessGate(0), admission=sync) as collector,
     ):
-        collector.wait_complete(1, timeout_s=TAKE_TIMEOUT_S)
+        wait_complete(collector, 1, timeout_s=TAKE_TIMEOUT_S)
         taker = threading.Thread(target=lambda: taken.append(collector.take(0, timeout_s=TAKE_TIMEOUT_S)))
         taker.start()
-        collector.wait_polls(3, timeout_s=TAKE_TIMEOUT_S)  # the take holds group 0 and waits for 1
+        wait_polls(collector, 3, timeout_s=TAKE_TIMEOUT_S)  # the take holds group 0 and waits for 1
         assert samples.handed_out == [0, 1]
         release.set()
         taker.join(TAKE_TIMEOUT_S)
-        collector.wait_polls(3, timeout_s=TAKE_TIMEOUT_S)
+        wait_polls(collector, 3, timeout_s=TAKE_TIMEOUT_S)
         assert samples.handed_out == [0, 1]  # sync: nothing starts while the taken step trains
     assert _xs(taken[0].groups) == [0, 1]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
+from agl_trainer import cli, local
 from agl_trainer.cli import AGL_LOGGERS, CliArgs, configure_logging, interrupted_line, main, parse_args
 from agl_trainer.local import ToolLatency
 
@@ -55,6 +56,12 @@ def test_fully_async_shortcuts_map_onto_their_keys_and_tool_latency_onto_the_toy
 
 def test_a_malformed_tool_latency_is_a_usage_error_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tool_latency='6:0.5'" in _usage_error(["tool_latency=6:0.5"], capsys)
+
+
+def test_the_embedded_defaults_choices_copied_into_the_cli_are_its_own() -> None:
+    assert tuple(sorted(local.TOY_TASKS)) == cli.TOY_TASK_NAMES
+    assert cli.RUNNERS == local.RUNNERS
+    assert cli.DEFAULT_CONTROLLER_RESTARTS == local.DEFAULT_CONTROLLER_RESTARTS
 
 
 def test_no_arguments_ask_for_nothing() -> None:

@@ -17,7 +17,9 @@ import pytest
 from agl_rollout import AglClient, BatchTopUp
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess, once_it_holds_a_rollout
+from agl_testing.collector import wait_polls
 from agl_trainer.assembly import compose_config
+from agl_trainer.serving.drain import Drain
 from agl_trainer.settings import parse_settings
 from agl_trainer.step.collection import Collection
 
@@ -87,7 +89,9 @@ def _collection(
         return iter([{"x": [0, 1]}, {"x": [2, 3]}, {"x": [4, 5]}, {"x": [6, 7]}])
 
     client = AglClient(settings.server.base_url, settings.server.key)
-    return Collection(client, settings.pipeline, top_up=BatchTopUp(epoch), drain=settings.server.drain)
+    return Collection(
+        client, settings.pipeline, top_up=BatchTopUp(epoch), drain=Drain.from_settings(settings.server.drain)
+    )
 
 
 def _hook_log(tmp_path: Path) -> list[str]:
@@ -172,7 +176,7 @@ def test_a_second_ctrl_c_during_the_stop_still_cancels_every_rollout_and_resumes
     collection = _collection(agl_server, tmp_path)
     collection.start(steps_done=0)  # no agent: its groups stay queued
     assert collection.collector is not None
-    collection.collector.wait_polls(2, timeout_s=30)
+    wait_polls(collection.collector, 2, timeout_s=30)
     assert len(agl_server.rollout_ids()) == 4
     manager = collection.collector.manager
     cancel_pending = manager.cancel_pending

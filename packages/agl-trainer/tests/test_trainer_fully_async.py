@@ -17,6 +17,7 @@ import pytest
 from agl_rollout import AglClient
 from agl_testing.agents import AgentBehaviour, FakeAgents
 from agl_testing.agl_server import TEST_KEY, AglServerProcess
+from agl_testing.collector import wait_complete
 from agl_testing.trainer_overrides import fully_async_fake_agent_overrides
 from agl_testing.trainer_spies import record_trained_data_ids
 from agl_testing.vllm_server import ServedTinyModel
@@ -71,7 +72,7 @@ def test_groups_complete_while_the_actor_updates_and_staleness_is_reported(
         # Inside the update, the collector keeps harvesting: the next step's groups complete now.
         collector = trainer.collection.collector
         assert collector is not None
-        collector.wait_complete(B, timeout_s=WAIT_S)
+        wait_complete(collector, B, timeout_s=WAIT_S)
         completed_during_update.append(True)
         return update_actor(batch)
 

@@ -304,7 +304,7 @@ def _drain_from_config(timeout_s: float, poll_interval_s: float) -> Drain:
             f"agentlightning.drain_poll_interval_seconds={poll_interval_s}",
         ]
     )
-    return parse_settings(config).server.drain
+    return Drain.from_settings(parse_settings(config).server.drain)
 
 
 def _slow_call_in_flight(

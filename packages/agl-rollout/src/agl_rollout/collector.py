@@ -273,26 +273,6 @@ class GroupCollector:
             self._steps_done += 1
             self._lock.notify_all()
 
-    def wait_polls(self, n: int, *, timeout_s: float) -> None:
-        """Block until the thread has finished ``n`` more sweeps (``TimeoutError`` after ``timeout_s``)."""
-        with self._lock:
-            target = self.n_polls + n
-        self._wait(lambda: self.n_polls >= target, f"{n} more sweeps", timeout_s)
-
-    def wait_complete(self, n_groups: int, *, timeout_s: float) -> None:
-        """Block until at least ``n_groups`` complete groups are ready (``TimeoutError`` after ``timeout_s``)."""
-        self._wait(lambda: len(self._ready) >= n_groups, f"{n_groups} complete groups", timeout_s)
-
-    def _wait(self, done: Callable[[], bool], what: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        with self._lock:
-            while not done():
-                self._raise_error()
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"the collector did not reach {what} within {timeout_s} s")
-                self._lock.wait(remaining)
-
     def _raise_error(self) -> None:
         if self._error is not None:
             raise CollectorError(f"the rollout collector failed: {self._error!r}") from self._error

@@ -18,13 +18,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from agl_trainer.interrupts import hear_ctrl_c
-from agl_trainer.local.console import write_above_progress_bar
-from agl_trainer.local.supervisor import DEFAULT_CONTROLLER_RESTARTS
-from agl_trainer.local.toy_agents import RUNNERS
-from agl_trainer.local.toy_task import TOY_TASKS, ToolLatency
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
+
+    from agl_trainer.local.toy_task import ToolLatency
 
 PRODUCTION_KEYS = (
     "agentlightning.agl_base_url",
@@ -34,6 +32,15 @@ PRODUCTION_KEYS = (
 """Overrides that select the production run: any of them means "use my server / servers / model"."""
 
 AGL_LOGGERS = ("agl_rollout", "agl_adapter", "agl_algos", "agl_trainer")
+
+# The embedded default's choices, copied from agl_trainer.local (a test keeps them equal) so that
+# parsing a production run's command line loads nothing of the local stack.
+TOY_TASK_NAMES = ("digits", "upper")
+"""The names of :data:`agl_trainer.local.TOY_TASKS`."""
+RUNNERS = ("local", "controller")
+""":data:`agl_trainer.local.RUNNERS`."""
+DEFAULT_CONTROLLER_RESTARTS = 3
+""":data:`agl_trainer.local.DEFAULT_CONTROLLER_RESTARTS`."""
 
 _SHORT_KEYS = {
     "task": "--task",
@@ -122,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--task",
-        choices=sorted(TOY_TASKS),
+        choices=TOY_TASK_NAMES,
         help="the embedded default's toy task: digits (write digit tokens, the default) or upper (capitals)",
     )
     parser.add_argument("--steps", type=_positive_int, help="training steps (trainer.total_training_steps)")
@@ -209,6 +216,8 @@ def _expand_short_key(arg: str) -> list[str]:
 
 
 def _tool_latency(text: str) -> ToolLatency:
+    from agl_trainer.local.toy_task import ToolLatency  # only the embedded default takes one
+
     try:
         return ToolLatency.parse(text)
     except ValueError as exc:
@@ -230,11 +239,14 @@ def _positive_int(text: str) -> int:
 
 
 class _AboveProgressBar(logging.StreamHandler[TextIO]):
-    """Writes each line above the trainer's progress bar while one is drawn, plainly otherwise."""
+    """Writes each line above the trainer's progress bar while one is drawn, plainly otherwise:
+    tqdm clears the bar, writes, and draws it again (a plain write would run on from the bar)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            write_above_progress_bar(self.format(record), self.stream)
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
         except Exception:  # logging's contract: report, never raise
             self.handleError(record)
 

@@ -36,6 +36,7 @@ from agl_rollout.orphans import cancel_orphans
 from agl_trainer.datasets import collate_rows
 from agl_trainer.errors import TooManyEmptySteps
 from agl_trainer.run_state import RunState
+from agl_trainer.serving.drain import Drain
 from agl_trainer.serving.fleet import Fleet
 from agl_trainer.serving.publisher import Publisher
 from agl_trainer.serving.replicas import VerlReplicas
@@ -97,11 +98,12 @@ class AglRayPPOTrainer(RayPPOTrainer):
         """Its ``run_id`` tags every rollout of this process: a run resumed from its checkpoint cancels its strays."""
         self.weight_version = 0
         """Published actor updates: a step that updates nothing (empty batch, critic warm-up) ages no group."""
+        self._drain = Drain.from_settings(settings.server.drain)
         self.collection = Collection(
             self.client,
             settings.pipeline,
             top_up=BatchTopUp(lambda: iter(self.train_dataloader)),
-            drain=settings.server.drain,
+            drain=self._drain,
             include_images=processor is not None,
             served_adapter_prefix=weight_pusher.served_adapter_prefix,
             include_endpoints=bool(settings.server.endpoints),
@@ -151,7 +153,7 @@ class AglRayPPOTrainer(RayPPOTrainer):
             model_name=server.model_name,
             endpoints=endpoints,
             resume=self.settings.pipeline.admission.overlap,
-            drain=server.drain,
+            drain=self._drain,
             fleet=fleet,
         )
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agl_rollout import AglClient, pause_and_drain
+
+if TYPE_CHECKING:
+    from agl_trainer.settings.server import DrainSettings
 
 
 @dataclass(frozen=True)
@@ -13,6 +17,11 @@ class Drain:
 
     timeout_s: float
     poll_interval_s: float
+
+    @classmethod
+    def from_settings(cls, settings: DrainSettings) -> Drain:
+        """The drain ``settings.server.drain`` configures."""
+        return cls(settings.timeout_s, settings.poll_interval_s)
 
     def __call__(self, client: AglClient, reason: str, *, retry_after_seconds: int = 5) -> dict[str, float]:
         """Pause the gateway and wait for its calls in flight; a timeout resumes it and names the key to raise."""

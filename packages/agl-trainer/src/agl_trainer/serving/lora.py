@@ -23,15 +23,19 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from agl_trainer.serving.errors import WeightPushError
 from agl_trainer.serving.probe import PROBE_IDS, check_probe
-from agl_trainer.serving.transfer import Transfer, on_each, place, push_failed
+from agl_trainer.serving.transfer import on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.serving.weights import Staged
 from agl_trainer.verl_glue.workers import PolicyWorkers
+
+if TYPE_CHECKING:
+    from agl_trainer.settings.server import Transfer
 
 logger = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 
 from agl_trainer.serving.errors import UnchangedWeightsError, WeightPushError
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 
-Transfer = Literal["upload", "shared_folder"]
-TRANSFERS: tuple[Transfer, ...] = ("upload", "shared_folder")
+if TYPE_CHECKING:
+    from agl_trainer.settings.server import Transfer
 
 T = TypeVar("T")
 
@@ -85,4 +85,4 @@ def place(
     return on_each(endpoints, upload)
 
 
-__all__ = ("TRANSFERS", "Transfer", "on_each", "one_line", "place", "push_failed")
+__all__ = ("on_each", "one_line", "place", "push_failed")

@@ -14,12 +14,15 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agl_trainer.serving.probe import PROBE_IDS, actor_probe, check_probe, distance, within
-from agl_trainer.serving.transfer import Transfer, on_each, place, push_failed
+from agl_trainer.serving.transfer import on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
+
+if TYPE_CHECKING:
+    from agl_trainer.settings.server import Transfer
 
 logger = logging.getLogger(__name__)
 

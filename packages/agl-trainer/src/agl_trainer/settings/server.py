@@ -4,15 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from omegaconf import DictConfig
 
-from agl_trainer.serving.drain import Drain
-from agl_trainer.serving.transfer import TRANSFERS, Transfer
 from agl_trainer.settings.values import integer, one_of, positive, select, text
 
 LORA_RANK_KEY = "actor_rollout_ref.model.lora_rank"
 TRANSFER_KEY = "agentlightning.external_servers.transfer"
+
+Transfer = Literal["upload", "shared_folder"]
+"""How external servers get each version's files (:mod:`agl_trainer.serving.transfer` does it)."""
+TRANSFERS: tuple[Transfer, ...] = ("upload", "shared_folder")
+
+
+@dataclass(frozen=True)
+class DrainSettings:
+    """``agentlightning.drain_timeout_seconds`` and ``drain_poll_interval_seconds``; the trainer
+    builds its :class:`~agl_trainer.serving.drain.Drain` from them."""
+
+    timeout_s: float
+    poll_interval_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +46,7 @@ class ServerSettings:
     transfer: Transfer
     initial_weights: Path | None
     lora_rank: int
-    drain: Drain
+    drain: DrainSettings
 
     @property
     def uses_verl_replicas(self) -> bool:
@@ -62,7 +74,7 @@ def parse_server(config: DictConfig) -> ServerSettings:
         transfer=one_of(TRANSFER_KEY, select(config, TRANSFER_KEY, "upload"), TRANSFERS),
         initial_weights=Path(model_path) if Path(model_path).is_dir() else None,
         lora_rank=integer(LORA_RANK_KEY, select(config, LORA_RANK_KEY, 0), minimum=0),
-        drain=Drain(
+        drain=DrainSettings(
             positive(
                 "agentlightning.drain_timeout_seconds",
                 select(config, "agentlightning.drain_timeout_seconds", 600),
@@ -75,4 +87,13 @@ def parse_server(config: DictConfig) -> ServerSettings:
     )
 
 
-__all__ = ("LORA_RANK_KEY", "TRANSFER_KEY", "ServerSettings", "gateway_model_name", "parse_server")
+__all__ = (
+    "LORA_RANK_KEY",
+    "TRANSFERS",
+    "TRANSFER_KEY",
+    "DrainSettings",
+    "ServerSettings",
+    "Transfer",
+    "gateway_model_name",
+    "parse_server",
+)
