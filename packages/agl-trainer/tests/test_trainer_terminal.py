@@ -122,6 +122,21 @@ def test_agls_one_line_error_before_the_log_drops_what_was_held(tmp_path: Path) 
     assert (ran.code, ran.stdout, ran.stderr) == (2, "", "agl-trainer: a bad key\n")
 
 
+def test_ctrl_c_before_the_log_drops_what_was_held(tmp_path: Path) -> None:
+    ran = run_script(
+        tmp_path,
+        """
+        try:
+            with quiet_terminal():
+                warnings.warn("engine is not available")
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            print("agl-trainer: interrupted", file=sys.stderr)
+        """,
+    )
+    assert (ran.code, ran.stdout, ran.stderr) == (0, "", "agl-trainer: interrupted\n")
+
+
 def test_an_error_after_the_log_keeps_its_traceback_on_the_terminal(tmp_path: Path) -> None:
     ran = run_script(
         tmp_path,

@@ -6,7 +6,7 @@ go to a file: a held temporary one, until :func:`send_output_to` names the run's
 what was held there. agl's own lines, the progress bar and ERROR records of any logger are written
 to :func:`terminal`, a duplicate of the descriptors from before. An unexpected error that ends
 the block before any log was named shows what was held before its traceback; a ``SystemExit``
-(agl's one-line errors) drops it.
+(agl's one-line errors) or Ctrl-C drops it.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def quiet_terminal() -> Generator[None]:
     _point_output_at(held.fileno())
     try:
         yield
-    except SystemExit:
+    except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException:
         if quiet.log is None:
