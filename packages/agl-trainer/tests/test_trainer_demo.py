@@ -27,6 +27,11 @@ def test_start_message_says_the_configured_steps_and_how_long_they_take() -> Non
     )
 
 
+def test_start_message_names_the_full_log_when_the_terminal_is_quiet() -> None:
+    message = start_message(40, Path("/runs/x"), on_gpu=False, log=Path("/runs/x/trainer.log"))
+    assert message.splitlines()[-2:] == ["  Run folder: /runs/x", "  Full log: /runs/x/trainer.log"]
+
+
 def test_file_logger_is_kept_when_the_user_picks_wandb() -> None:
     config = with_file_logger(compose_config(["trainer.logger=[console,wandb]"]))
     assert list(config.trainer.logger) == ["console", "wandb", "file"]

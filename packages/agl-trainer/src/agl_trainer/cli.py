@@ -14,10 +14,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from agl_trainer.interrupts import hear_ctrl_c
+from agl_trainer.terminal import quiet_terminal, terminal
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -238,28 +240,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class _AboveProgressBar(logging.StreamHandler[TextIO]):
-    """Writes each line above the trainer's progress bar while one is drawn, plainly otherwise:
-    tqdm clears the bar, writes, and draws it again (a plain write would run on from the bar)."""
+class _AboveProgressBar(logging.Handler):
+    """Writes each line to ``stream`` (None: the terminal's stderr, :func:`agl_trainer.terminal.terminal`)
+    above the trainer's progress bar while one is drawn, plainly otherwise: tqdm clears the bar,
+    writes, and draws it again (a plain write would run on from the bar)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        super().__init__()
+        self.stream = stream
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             from tqdm import tqdm
 
-            tqdm.write(self.format(record), file=self.stream)
+            tqdm.write(self.format(record), file=self.stream or terminal().err)
         except Exception:  # logging's contract: report, never raise
             self.handleError(record)
 
 
 def configure_logging(stream: TextIO | None = None) -> logging.Handler:
-    """Show agl's INFO lines (progress of long rollout waits, per-step notes) on ``stream``,
-    above the trainer's progress bar.
+    """Show agl's INFO lines (progress of long rollout waits, per-step notes) on ``stream`` (None:
+    the terminal's stderr, also while the embedded default sends other output to its log), above
+    the trainer's progress bar.
 
     The handler goes on agl's loggers only, which stop propagating (verl installs a root handler,
     so agl's lines would show twice); other libraries keep their own handlers and levels, so
     httpx's per-request INFO lines stay quiet. Returns the handler.
     """
-    handler = _AboveProgressBar(stream or sys.stderr)
+    handler = _AboveProgressBar(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     for name in AGL_LOGGERS:
         agl_logger = logging.getLogger(name)
@@ -280,14 +288,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     hear_ctrl_c()  # also when started in the background of a script, which hands SIGINT ignored
     _refuse_embedded_options_in_production(args)
     configure_logging()
-    if os.environ.get("VERL_PLATFORM") == "cpu":
-        # Started from a process in agl's CPU mode (which exports the choice): verl reads the
-        # platform while its engine is imported, so agl's CPU platform must be registered first.
-        from agl_trainer.verl_glue.cpu_device import enable_cpu_platform
-
-        enable_cpu_platform()
     try:
-        _run(args)
+        # The embedded default's terminal shows agl's lines, the progress bar and errors; verl's,
+        # Ray's and torch's output goes to the run folder's log (production runs keep it all).
+        with nullcontext() if args.is_production else quiet_terminal():
+            if os.environ.get("VERL_PLATFORM") == "cpu":
+                # Started from a process in agl's CPU mode (which exports the choice): verl reads the
+                # platform while its engine is imported, so agl's CPU platform must be registered first.
+                from agl_trainer.verl_glue.cpu_device import enable_cpu_platform
+
+                enable_cpu_platform()
+            _run(args)
     except KeyboardInterrupt as interrupt:
         # run_ppo has stopped its workers and replicas, the embedded default its processes.
         print(interrupted_line(interrupt), file=sys.stderr, flush=True)
@@ -343,7 +354,7 @@ def _run(args: CliArgs) -> None:
 
 
 def _fail(line: str, code: int) -> int:
-    print(line, file=sys.stderr, flush=True)
+    print(line, file=terminal().err, flush=True)
     return code
 
 

@@ -48,6 +48,7 @@ from agl_trainer.step.collection import Collection
 from agl_trainer.step.correction import compute_old_log_probs
 from agl_trainer.step.overlong import shape_overlong
 from agl_trainer.step.rollout_normalization import normalize_by_rollout
+from agl_trainer.terminal import terminal
 from agl_trainer.verl_glue.workers import AglActorRefWorker, PolicyWorkers, build_policy_workers
 from agl_types import CompletedRollout, RolloutState
 
@@ -200,7 +201,10 @@ class AglRayPPOTrainer(RayPPOTrainer):
                     return
             self.collection.start(steps_done=self.global_steps)
             progress = tqdm(
-                total=self.total_training_steps, initial=self.global_steps, desc="Training Progress"
+                total=self.total_training_steps,
+                initial=self.global_steps,
+                desc="Training Progress",
+                file=terminal().err,
             )
             empty_steps = 0
             self.global_steps += 1

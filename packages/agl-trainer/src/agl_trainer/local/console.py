@@ -16,6 +16,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
+from agl_trainer.terminal import terminal
+
 
 def _number(data: Mapping[str, Any], key: str) -> float | None:
     value = data.get(key)
@@ -130,11 +132,12 @@ def follow_metrics(
 
 
 def write_above_progress_bar(line: str, file: TextIO | None = None) -> None:
-    """Write ``line`` to ``file`` (stdout) above the trainer's "Training Progress" bar: tqdm clears
-    the bar, writes, and draws it again (a plain write would run on from the bar)."""
+    """Write ``line`` to ``file`` (agl's stdout, :func:`agl_trainer.terminal.terminal`) above the
+    trainer's "Training Progress" bar: tqdm clears the bar, writes, and draws it again (a plain
+    write would run on from the bar)."""
     from tqdm import tqdm
 
-    tqdm.write(line, file=file)
+    tqdm.write(line, file=file or terminal().out)
 
 
 def compact_console(

