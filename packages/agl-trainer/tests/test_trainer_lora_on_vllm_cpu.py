@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -175,27 +176,38 @@ def _wait_in_flight(vllm: VllmServer, name: str) -> None:
             time.sleep(0.05)
 
 
-def test_an_old_adapter_stays_loaded_while_a_call_uses_it_and_is_unloaded_once_none_does(
-    vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
-) -> None:
-    pusher = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "weights")
-    pusher.push(actor, 0)
-    # A call of version 0 held in flight: its body arrives in two parts, the second after two pushes.
+@contextmanager
+def _call_held_in_flight(vllm: VllmServer, version: int) -> Generator[Callable[[], bytes]]:
+    """A completion call on ``version``'s adapter URL whose body arrives in two parts, the second
+    when the yielded function is called; it returns the response."""
     body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
     server = urlsplit(vllm.url)
-    path = f"{urlsplit(_adapter_url(vllm, 0)).path}/v1/completions"
+    path = f"{urlsplit(_adapter_url(vllm, version)).path}/v1/completions"
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {server.netloc}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     with socket.create_connection((server.hostname, server.port), timeout=60) as call:
         call.sendall(head.encode() + body[:5])
-        _wait_in_flight(vllm, adapter_name(SERVED, 0))
+        _wait_in_flight(vllm, adapter_name(SERVED, version))
+
+        def finish() -> bytes:
+            call.sendall(body[5:])
+            return b"".join(iter(lambda: call.recv(65536), b""))
+
+        yield finish
+
+
+def test_an_old_adapter_stays_loaded_while_a_call_uses_it_and_is_unloaded_once_none_does(
+    vllm: VllmServer, actor: PolicyWorkers, tmp_path: Path
+) -> None:
+    pusher = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "weights")
+    pusher.push(actor, 0)
+    with _call_held_in_flight(vllm, 0) as finish:  # its body's second part comes after two pushes
         pusher.push(actor, 1)
         pusher.push(actor, 2)
         assert _loaded(vllm) == [adapter_name(SERVED, v) for v in (0, 1, 2)]
-        call.sendall(body[5:])
-        answer = b"".join(iter(lambda: call.recv(65536), b""))
+        answer = finish()
     assert answer.startswith(b"HTTP/1.1 200")
     metrics = pusher.push(actor, 3)
     assert _loaded(vllm) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
@@ -209,21 +221,11 @@ def test_a_resumed_runs_first_push_leaves_a_dead_runs_adapter_loaded_while_a_cal
     dead = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "dead")
     dead.push(actor, 0)
     dead.push(actor, 1)
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 1}).encode()
-    server = urlsplit(vllm.url)
-    path = f"{urlsplit(_adapter_url(vllm, 1)).path}/v1/completions"
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {server.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
     resumed = ExternalLoraPush([vllm.openai_url], SERVED, tmp_path / "resumed")
-    with socket.create_connection((server.hostname, server.port), timeout=60) as call:
-        call.sendall(head.encode() + body[:5])  # the dead run's agent, mid-call on version 1
-        _wait_in_flight(vllm, adapter_name(SERVED, 1))
+    with _call_held_in_flight(vllm, 1) as finish:  # the dead run's agent, mid-call on version 1
         resumed.push(actor, 2)
         assert _loaded(vllm) == [adapter_name(SERVED, 1), adapter_name(SERVED, 2)]
-        call.sendall(body[5:])
-        answer = b"".join(iter(lambda: call.recv(65536), b""))
+        answer = finish()
     assert answer.startswith(b"HTTP/1.1 200")
     resumed.push(actor, 3)
     assert _loaded(vllm) == [adapter_name(SERVED, 2), adapter_name(SERVED, 3)]
