@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from agl_trainer.serving.errors import WeightPushError
-from agl_trainer.serving.probe import PROBE_IDS, check_probe
+from agl_trainer.serving.probe import check_probe, served_probe
 from agl_trainer.serving.transfer import on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.serving.weights import Staged
@@ -210,8 +210,7 @@ class ExternalLoraPush:
                 for other in client.lora_adapters():
                     if other != name and other.startswith(_adapter_prefix(self.model)) and other not in busy:
                         self._unload_left(client, endpoint, other)
-        with VllmClient(server_root(endpoint), name) as adapter:
-            return adapter.prompt_logprobs(PROBE_IDS)
+        return served_probe(endpoint, name)
 
     def _unload_left(self, client: VllmClient, endpoint: str, name: str) -> None:
         """Unload ``name``, which an earlier run left on ``endpoint``'s server, and its staged folder

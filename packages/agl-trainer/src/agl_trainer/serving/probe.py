@@ -40,6 +40,12 @@ def within(a: Sequence[float], b: Sequence[float] | None) -> bool:
     return math.isfinite(worst) and worst <= PROBE_ATOL
 
 
+def served_probe(endpoint: str, model: str) -> list[float]:
+    """The probe's log-probs as ``endpoint``'s server answers them for ``model`` (a name it serves)."""
+    with VllmClient(server_root(endpoint), model) as client:
+        return client.prompt_logprobs(PROBE_IDS)
+
+
 def actor_probe(workers: PolicyWorkers) -> list[float] | None:
     """The actor's probe log-probs; None, with a warning, where it cannot score a text-only probe
     (a model whose inputs verl builds otherwise): its weights are then pushed, never assumed."""
@@ -57,8 +63,7 @@ def check_probe(
     within ``atol``. No reference (nothing pushed yet): the server reloaded the run's start, which
     is all there is to check against."""
     try:
-        with VllmClient(server_root(endpoint), model) as client:
-            served = client.prompt_logprobs(PROBE_IDS)
+        served = served_probe(endpoint, model)
     except httpx.HTTPError as exc:
         raise push_failed(what, 1, {endpoint: one_line(exc)}) from exc
     if reference is None:
@@ -72,4 +77,4 @@ def check_probe(
         )
 
 
-__all__ = ("PROBE_ATOL", "PROBE_IDS", "actor_probe", "check_probe", "distance", "within")
+__all__ = ("PROBE_ATOL", "PROBE_IDS", "actor_probe", "check_probe", "distance", "served_probe", "within")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from agl_trainer.serving.probe import PROBE_IDS, actor_probe, check_probe, distance, within
+from agl_trainer.serving.probe import PROBE_IDS, actor_probe, check_probe, distance, served_probe, within
 from agl_trainer.serving.transfer import on_each, place, push_failed
 from agl_trainer.serving.vllm_client import VllmClient, server_root
 from agl_trainer.verl_glue.workers import PolicyWorkers
@@ -196,7 +196,9 @@ class ExternalVllmPush(ReplacesServedWeights):
         each server's probe log-probs with the actor's (when one differs, all get the weights)."""
         if not self._checked:
             actor = actor_probe(workers)
-            served, unreachable = on_each(self.endpoints, self._probe)  # the push names those
+            served, unreachable = on_each(
+                self.endpoints, lambda endpoint: served_probe(endpoint, self.model)
+            )  # the push names those
             self._checked = True
             differing = {e: probe for e, probe in served.items() if actor is None or not within(probe, actor)}
             if actor is not None and not differing and not unreachable:  # at version 0: the run's model
@@ -252,10 +254,6 @@ class ExternalVllmPush(ReplacesServedWeights):
         paths, failures = place(self.transfer, missing, self.model, staged.folder, keep=keep)
         staged.paths.update(paths)
         return staged, failures
-
-    def _probe(self, endpoint: str) -> list[float]:
-        with VllmClient(server_root(endpoint), self.model) as client:
-            return client.prompt_logprobs(PROBE_IDS)
 
     def _reload(self, endpoint: str, path: str) -> tuple[list[float], bool]:
         """Reload ``path`` on ``endpoint``'s server: the probe's log-probs after, and whether they moved."""
